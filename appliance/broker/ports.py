@@ -1,0 +1,71 @@
+"""Ports the broker rules call; adapters (store, cluster, deliverylog) implement them as typing.Protocols."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the store recovered at start-up, handed to the broker before listeners open."""
+
+    sessions: dict[str, SessionRecord] = field(default_factory=dict)  # with subscriptions filled in
+    queues: dict[str, list[Delivery]] = field(default_factory=dict)  # per client id, ordered by seq
+    retained: dict[str, Message] = field(default_factory=dict)  # topic -> message
+    incoming_qos2: dict[str, dict[int, Message | None]] = field(default_factory=dict)  # client -> packet id -> msg
+    meta: dict[str, str] = field(default_factory=dict)  # node-level key/values (node id, message counter, ...)
+
+
+class Store(Protocol):
+    """Durable state with group commit. Writes are queued in call order and never block the caller.
+
+    `after_commit(cb)` runs `cb` on the event loop once everything queued before it is durable (fsynced).
+    A failed commit is fatal: the store calls its `on_fatal` handler and refuses further writes.
+    """
+
+    def load(self) -> Snapshot: ...
+
+    def save_session(self, record: SessionRecord) -> None: ...
+
+    def delete_session(self, client_id: str) -> None: ...  # also its subscriptions, queue, incoming QoS2 state
+
+    def save_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None: ...
+
+    def delete_subscription(self, client_id: str, topic_filter: str) -> None: ...
+
+    def enqueue(self, client_id: str, delivery: Delivery) -> None: ...
+
+    def update_delivery(self, client_id: str, seq: int, state: DeliveryState, packet_id: int | None) -> None: ...
+
+    def remove_delivery(self, client_id: str, seq: int) -> None: ...
+
+    def save_retained(self, message: Message) -> None: ...
+
+    def delete_retained(self, topic: str) -> None: ...
+
+    def save_incoming_qos2(self, client_id: str, packet_id: int, message: Message | None) -> None: ...
+
+    def delete_incoming_qos2(self, client_id: str, packet_id: int) -> None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def after_commit(self, callback: Callable[..., Any], *args: Any) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...  # commits, ops, last/avg batch size, commit latency
+
+
+class EventSink(Protocol):
+    """Where the broker reports each message's life (received, committed, routed, delivered, acked, dropped...)."""
+
+    def emit(self, kind: str, **fields: Any) -> None: ...
+
+
+class NullEventSink:
+    """An EventSink that records nothing (delivery logging off)."""
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Discard the event."""

@@ -1,0 +1,1 @@
+"""deliverylog package."""

@@ -1,0 +1,1 @@
+"""cloud_spark package."""

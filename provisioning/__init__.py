@@ -1,0 +1,1 @@
+"""provisioning package."""
