@@ -1,0 +1,137 @@
+"""Turn a list of pending operations into one SQLite transaction: elide dead rows, group runs, executemany."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from appliance.broker.model import Message
+
+from .rows import MessageRow, message_row
+
+# Operation kinds. An operation is a tuple (kind, params); CALLBACK carries (callback, args) instead of SQL params.
+SAVE_SESSION = 1
+DELETE_SESSION = 2
+SAVE_SUBSCRIPTION = 3
+DELETE_SUBSCRIPTION = 4
+ENQUEUE = 5
+UPDATE_DELIVERY = 6
+REMOVE_DELIVERY = 7
+SAVE_RETAINED = 8
+DELETE_RETAINED = 9
+SAVE_INCOMING_QOS2 = 10
+DELETE_INCOMING_QOS2 = 11
+SET_META = 12
+CALLBACK = 13
+
+Op = tuple[int, Any]
+
+_SQL: dict[int, tuple[str, ...]] = {
+    SAVE_SESSION: ("INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?)",),
+    DELETE_SESSION: (
+        "DELETE FROM sessions WHERE client_id = ?",
+        "DELETE FROM subscriptions WHERE client_id = ?",
+        "DELETE FROM queue WHERE client_id = ?",
+        "DELETE FROM incoming_qos2 WHERE client_id = ?",
+    ),
+    SAVE_SUBSCRIPTION: ("INSERT OR REPLACE INTO subscriptions VALUES (?,?,?,?,?,?,?)",),
+    DELETE_SUBSCRIPTION: ("DELETE FROM subscriptions WHERE client_id = ? AND topic_filter = ?",),
+    ENQUEUE: ("INSERT OR REPLACE INTO queue VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",),
+    UPDATE_DELIVERY: ("UPDATE queue SET state = ?, packet_id = ? WHERE client_id = ? AND seq = ?",),
+    REMOVE_DELIVERY: ("DELETE FROM queue WHERE client_id = ? AND seq = ?",),
+    SAVE_RETAINED: ("INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?,?,?)",),
+    DELETE_RETAINED: ("DELETE FROM retained WHERE topic = ?",),
+    SAVE_INCOMING_QOS2: ("INSERT OR REPLACE INTO incoming_qos2 VALUES (?,?,?,?,?,?,?,?,?,?,?)",),
+    DELETE_INCOMING_QOS2: ("DELETE FROM incoming_qos2 WHERE client_id = ? AND packet_id = ?",),
+    SET_META: ("INSERT OR REPLACE INTO meta VALUES (?,?)",),
+}
+
+_NO_MESSAGE: MessageRow = (None, None, None, None, None, None, None, None, None)  # type: ignore[assignment]
+
+
+def elide(ops: list[Op]) -> tuple[list[Op], int]:
+    """Drop enqueue/update ops whose row a later op in the same batch removes; return (kept ops, number dropped).
+
+    The later REMOVE_DELIVERY is kept, so the final table state equals running every op in order.
+    """
+    removed_later: set[tuple[str, int]] | None = None
+    keep: list[Op] = []
+    dropped = 0
+    for op in reversed(ops):
+        kind = op[0]
+        if kind == REMOVE_DELIVERY:
+            if removed_later is None:
+                removed_later = set()
+            removed_later.add(op[1])
+        elif removed_later is not None and kind in (ENQUEUE, UPDATE_DELIVERY):
+            key = (op[1][0], op[1][1]) if kind == ENQUEUE else (op[1][2], op[1][3])
+            if key in removed_later:
+                dropped += 1
+                continue
+        keep.append(op)
+    if removed_later is None:
+        return ops, 0
+    keep.reverse()
+    return keep, dropped
+
+
+def _message_cells(message: Message, cache: dict[int, MessageRow]) -> MessageRow:
+    """The message columns, serialised once per message object per batch (fan-out shares one Message)."""
+    key = id(message)
+    cells = cache.get(key)
+    if cells is None:
+        cells = message_row(message)
+        cache[key] = cells
+    return cells
+
+
+def _params(kind: int, raw: list[Any], cache: dict[int, MessageRow]) -> list[Any]:
+    """Expand captured op params to full SQL rows where serialisation was deferred to the writer thread."""
+    if kind == ENQUEUE:
+        # raw: (client_id, seq, message, qos, retain, subscription_ids_text, packet_id, state, attempts)
+        return [(p[0], p[1], *_message_cells(p[2], cache), *p[3:]) for p in raw]
+    if kind == SAVE_RETAINED:
+        rows = []
+        for m in raw:
+            msg_id, topic, *rest = _message_cells(m, cache)
+            rows.append((topic, msg_id, *rest))
+        return rows
+    if kind == SAVE_INCOMING_QOS2:
+        # raw: (client_id, packet_id, message | None)
+        return [(c, pid, *(_message_cells(m, cache) if m is not None else _NO_MESSAGE)) for c, pid, m in raw]
+    if kind == DELETE_SESSION:
+        return [(c,) for c in raw]
+    if kind == DELETE_RETAINED:
+        return [(t,) for t in raw]
+    return raw
+
+
+def split(ops: list[Op]) -> tuple[list[tuple[Callable[..., Any], tuple[Any, ...]]], list[Op]]:
+    """Separate a batch into its after_commit callbacks and its writes, each in call order."""
+    callbacks: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+    writes: list[Op] = []
+    for op in ops:
+        if op[0] == CALLBACK:
+            callbacks.append(op[1])
+        else:
+            writes.append(op)
+    return callbacks, writes
+
+
+def apply(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, int]:
+    """Run `writes` inside the caller's transaction in call order; return (ops executed, ops elided)."""
+    writes, dropped = elide(writes)
+    cache: dict[int, MessageRow] = {}
+    i = 0
+    n = len(writes)
+    while i < n:
+        kind = writes[i][0]
+        j = i + 1
+        while j < n and writes[j][0] == kind:
+            j += 1
+        params = _params(kind, [op[1] for op in writes[i:j]], cache)
+        for sql in _SQL[kind]:
+            conn.executemany(sql, params)
+        i = j
+    return n, dropped
