@@ -1,0 +1,170 @@
+"""DeliveryLog: the broker's EventSink; emit() appends to a queue, a background thread writes segments."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .identity import Identity, clock_sync_probe, read_boot_id
+from .schema import EMIT_FIELDS, KIND_SET, field_problem
+from .writer import DeliveryLogError, Item, Limits, SegmentWriter, WriterStats
+
+
+class DeliveryLog:
+    """An EventSink writing schema-v1 delivery-log segments for one node (or one client, source="client").
+
+    emit() only timestamps and appends to a deque; a writer thread drains it every `flush_interval_s`.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        fleet: str,
+        device: str,
+        node: str,
+        firmware: str,
+        boot_id: str | None = None,
+        source: str = "broker",
+        clock_synced: bool | Callable[[], bool] | None = None,
+        segment_bytes: int = 4 << 20,
+        segment_age_s: float = 300.0,
+        budget_bytes: int = 256 << 20,
+        fsync_every_s: float | None = 10.0,
+        flush_interval_s: float = 0.5,
+        max_backlog: int = 1_000_000,
+        gzip_level: int = 6,
+        strict: bool = False,
+    ) -> None:
+        if source not in ("broker", "client"):
+            raise DeliveryLogError(f"source must be 'broker' or 'client', not {source!r}")
+        identity = Identity(fleet, device, node, firmware, boot_id or read_boot_id(), source)
+        probe = clock_synced if callable(clock_synced) else clock_sync_probe(clock_synced)
+        limits = Limits(segment_bytes, segment_age_s, budget_bytes, fsync_every_s, gzip_level)
+        self.identity = identity
+        self._writer = SegmentWriter(directory, identity, limits, probe)
+        self._queue: deque[Item] = deque()
+        self._append = self._queue.append
+        self._interval = flush_interval_s
+        self._max_backlog = max_backlog
+        self._wake = threading.Event()
+        self._done = threading.Condition()
+        self._requested = 0  # flush generations asked for / completed
+        self._completed = 0
+        self._closing = False
+        self._rotate_wanted = False
+        self._error: BaseException | None = None
+        if strict:
+            self.emit = self._emit_strict  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._run, name="deliverylog-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Record one event; both clocks are taken now, everything else happens on the writer thread."""
+        self._append((kind, time.time_ns(), time.monotonic_ns(), fields))
+
+    def _emit_strict(self, kind: str, **fields: Any) -> None:
+        """emit() that first checks the kind and every field against the schema (for tests)."""
+        if kind not in KIND_SET:
+            raise ValueError(f"unknown delivery-log event kind {kind!r}")
+        for name, value in fields.items():
+            if name not in EMIT_FIELDS:
+                raise ValueError(f"{kind}: field {name!r} is not an emit field of schema v1")
+            problem = field_problem(name, value)
+            if problem:
+                raise ValueError(f"{kind}: {problem}")
+        self._append((kind, time.time_ns(), time.monotonic_ns(), fields))
+
+    # -- writer thread -----------------------------------------------------------------------------------------
+
+    def _drain(self) -> list[Item]:
+        """Take every queued event, oldest first (safe against concurrent appends)."""
+        queue = self._queue
+        n = len(queue)
+        pop = queue.popleft
+        items = [pop() for _ in range(n)]
+        if n > self._max_backlog:
+            lost = n - self._max_backlog
+            self._writer.record_loss("backlog", lost)
+            items = items[lost:]
+        return items
+
+    def _run(self) -> None:
+        """Write batches until closed; stop (keeping the error for flush/close) if the writer breaks."""
+        writer = self._writer
+        try:
+            while True:
+                self._wake.wait(self._interval)
+                self._wake.clear()
+                with self._done:
+                    target = self._requested
+                    closing = self._closing
+                    rotate, self._rotate_wanted = self._rotate_wanted, False
+                writer.write(self._drain())
+                writer.tick()
+                if rotate:
+                    writer.rotate()
+                if closing:
+                    writer.write(self._drain())
+                    writer.close()
+                with self._done:
+                    self._completed = target
+                    self._done.notify_all()
+                if closing:
+                    return
+        except BaseException as exc:  # the error is re-raised to whoever flushes or closes next
+            with self._done:
+                self._error = exc
+                self._completed = 1 << 62
+                self._done.notify_all()
+
+    def _request(self, timeout: float | None) -> None:
+        """Ask the writer thread for one pass and wait until it has done it."""
+        with self._done:
+            self._requested += 1
+            target = self._requested
+        self._wake.set()
+        with self._done:
+            if not self._done.wait_for(lambda: self._completed >= target, timeout):
+                raise TimeoutError("delivery-log writer did not finish in time")
+            if self._error is not None:
+                raise DeliveryLogError(f"delivery-log writer failed: {self._error!r}") from self._error
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Block until every event emitted before this call is written to the OS (readable after a SIGKILL)."""
+        self._request(timeout)
+
+    def rotate(self, timeout: float | None = 30.0) -> None:
+        """Write everything emitted so far and close the open segment now, so it can be uploaded."""
+        with self._done:
+            self._rotate_wanted = True
+        self._request(timeout)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Write everything emitted so far, close the open segment, stop the writer thread."""
+        if not self._thread.is_alive():
+            if self._error is not None:
+                raise DeliveryLogError(f"delivery-log writer failed: {self._error!r}") from self._error
+            return
+        with self._done:
+            self._closing = True
+        self._request(timeout)
+        self._thread.join(timeout)
+
+    def stats(self) -> WriterStats:
+        """The writer's counters (events, bytes, segments, evictions, losses, recovered parts)."""
+        return self._writer.stats
+
+    @property
+    def backlog(self) -> int:
+        """Events emitted but not yet handed to the writer."""
+        return len(self._queue)
+
+    def __enter__(self) -> DeliveryLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

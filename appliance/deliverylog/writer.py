@@ -1,0 +1,378 @@
+"""Turns batches of emitted events into rotated, crash-safe gzip JSON Lines segments under a disk budget."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .identity import Identity
+from .schema import EMIT_FIELDS, KINDS, SCHEMA_VERSION
+from .segments import (
+    SegmentName,
+    atomic_write,
+    closed_segments,
+    fsync_dir,
+    parse_name,
+    read_segment,
+    recover_part,
+    safe_node,
+    write_all,
+)
+
+Item = tuple[str, int, int, dict[str, Any]]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fields (taken at emit time)
+
+COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
+CHUNK_EVENTS = 4096  # events compressed per write call (bounds how far a segment overshoots its size limit)
+
+
+class DeliveryLogError(Exception):
+    """The delivery log cannot be opened (bad limits, directory in use by another writer, unreadable state)."""
+
+
+@dataclass(slots=True)
+class Limits:
+    """Rotation, durability and disk-budget limits of one writer."""
+
+    segment_bytes: int = 4 << 20  # compressed size at which a segment is closed
+    segment_age_s: float = 300.0  # age at which a segment is closed (so uploads are never older than this)
+    budget_bytes: int = 256 << 20  # this writer's closed + open segments; oldest closed ones are evicted beyond it
+    fsync_every_s: float | None = 10.0  # fsync the open segment this often (None: only at close)
+    level: int = 6  # gzip level
+
+    def check(self) -> None:
+        """Raise DeliveryLogError for limits that cannot work."""
+        if self.segment_bytes < 1024:
+            raise DeliveryLogError(f"segment size {self.segment_bytes} B is below 1024 B")
+        if self.segment_age_s <= 0:
+            raise DeliveryLogError(f"segment age {self.segment_age_s} s must be positive")
+        if self.budget_bytes < 2 * self.segment_bytes:
+            raise DeliveryLogError(f"disk budget {self.budget_bytes} B must be at least twice the segment size")
+        if not 1 <= self.level <= 9:
+            raise DeliveryLogError(f"gzip level {self.level} not in 1..9")
+
+
+@dataclass(slots=True)
+class _Open:
+    """The segment being written."""
+
+    name: SegmentName
+    fd: int
+    comp: Any
+    opened_mono: float
+    size: int = 0
+    events: int = 0
+    last_counter: int = -1
+    dirty: bool = False
+    last_fsync: float = 0.0
+
+
+@dataclass(slots=True)
+class WriterStats:
+    """Counters a writer keeps; exposed by DeliveryLog.stats()."""
+
+    events: int = 0
+    bytes: int = 0  # compressed bytes written
+    segments: int = 0  # segments closed
+    evicted_segments: int = 0
+    evicted_events: int = 0
+    evicted_bytes: int = 0
+    lost_events: int = 0  # dropped on write errors or backlog overflow (each recorded as log_evicted)
+    bad_fields: int = 0  # fields outside the schema, dropped
+    recovered: list[str] = field(default_factory=list)
+
+
+def _reason_text(value: Any) -> str:
+    """A reason as schema text: enum members by lower-case name, anything else by str()."""
+    if isinstance(value, Enum):
+        return value.name.lower()
+    return str(value)
+
+
+class SegmentWriter:
+    """Owns one node's segments in a directory; not thread-safe (one writer thread or process calls it)."""
+
+    def __init__(
+        self, directory: str, identity: Identity, limits: Limits, clock_synced: Callable[[], bool]
+    ) -> None:
+        limits.check()
+        self.directory = directory
+        self.identity = identity
+        self.limits = limits
+        self.stats = WriterStats()
+        self._clock_synced = clock_synced
+        self._node = safe_node(identity.node)
+        os.makedirs(directory, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(directory, f".{self._node}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DeliveryLogError(f"{directory} is already in use by a writer for node {identity.node!r}") from None
+        self._state_path = os.path.join(directory, f".{self._node}.state")
+        for name in sorted(os.listdir(directory)):
+            parsed = parse_name(name)
+            if parsed and parsed.node == self._node and name.endswith(".part"):
+                rec = recover_part(directory, name, limits.level)
+                self.stats.recovered.append(f"{name}: {rec.records} records kept, {rec.dropped_bytes} B dropped")
+        self._counter, self._seq = self._load_state()
+        self._reserved = self._counter
+        self._synced_before = clock_synced()
+        self._segment: _Open | None = None
+        self._pending: list[Item] = []  # log_evicted records waiting to be written
+        self._closed_bytes = sum(s for _, s in self._own_closed())
+        self._closed_meta: dict[str, tuple[int, int, int]] = {}  # name -> events, first, last counter (this run)
+        ident = json.dumps
+        self._prefix = (
+            f'{{"schema_version":{SCHEMA_VERSION},"source":{ident(identity.source)},"fleet":{ident(identity.fleet)},'
+            f'"device":{ident(identity.device)},"node":{ident(identity.node)},"firmware":{ident(identity.firmware)},'
+            f'"boot_id":{ident(identity.boot_id)},"event_id":{ident(identity.node + ":" + identity.boot_id + ":")[:-1]}'
+        )
+        self._kinds = {k: ident(k) for k in KINDS}
+        self._dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+    # -- state -------------------------------------------------------------------------------------------------
+
+    def _load_state(self) -> tuple[int, int]:
+        """Next event counter for this boot and next segment sequence, from the state file and the segments."""
+        state: dict[str, Any] = {}
+        try:
+            with open(self._state_path, encoding="utf-8") as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            raise DeliveryLogError(f"unreadable delivery-log state {self._state_path}: {exc}") from exc
+        counter = int(state.get("next_counter", 0)) if state.get("boot_id") == self.identity.boot_id else 0
+        seq = int(state.get("next_segment", 0))
+        for name in closed_segments(self.directory):  # the state file may be older than the segments
+            parsed = parse_name(name)
+            if parsed is None or parsed.node != self._node:
+                continue
+            seq = max(seq, parsed.seq + 1)
+            if parsed.boot_id == self.identity.boot_id and parsed.first_counter >= counter:
+                records = read_segment(os.path.join(self.directory, name)).records
+                counter = max(counter, parsed.first_counter + len(records))
+        return counter, seq
+
+    def _save_state(self, next_counter: int, next_segment: int) -> None:
+        """Persist the counter reservation and segment sequence before either is used."""
+        body = {"boot_id": self.identity.boot_id, "next_counter": next_counter, "next_segment": next_segment}
+        atomic_write(self._state_path, json.dumps(body).encode())
+
+    def _reserve(self, upto: int, next_segment: int) -> None:
+        """Make sure counters below `upto` are reserved on disk."""
+        if upto > self._reserved or next_segment > self._seq:
+            self._reserved = max(self._reserved, upto + COUNTER_BLOCK)
+            self._save_state(self._reserved, next_segment)
+            self._seq = next_segment
+
+    # -- writing -----------------------------------------------------------------------------------------------
+
+    def write(self, items: list[Item]) -> None:
+        """Append `items` (in emit order) to the open segment, rotating and enforcing the budget as needed."""
+        synced_now = self._clock_synced()
+        synced = self._synced_before and synced_now  # synchronised across the whole span the batch was emitted in
+        self._synced_before = synced_now
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._write_chunk(pending, synced_now)
+        for start in range(0, len(items), CHUNK_EVENTS):
+            self._write_chunk(items[start : start + CHUNK_EVENTS], synced)
+
+    def record_loss(self, reason: str, events: int) -> None:
+        """Queue a log_evicted record for `events` events lost before reaching the writer."""
+        self.stats.lost_events += events
+        fields = {"reason": f"{reason} events={events}"}
+        self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), fields))
+
+    def _encode(self, items: list[Item], synced: bool) -> bytes:
+        """JSON Lines for `items`, numbered from the current counter."""
+        prefix, kinds, dumps, allowed = self._prefix, self._kinds, self._dumps, EMIT_FIELDS
+        flag = "true" if synced else "false"
+        n = self._counter
+        lines = []
+        for kind, wall, mono, fields in items:
+            k = kinds.get(kind) or dumps(str(kind))
+            tail = "}"
+            if fields:
+                if None in fields.values() or not fields.keys() <= allowed:
+                    kept = {key: v for key, v in fields.items() if v is not None and key in allowed}
+                    self.stats.bad_fields += sum(1 for key in fields if key not in allowed)
+                    fields = kept
+                reason = fields.get("reason")
+                if reason is not None and type(reason) is not str:
+                    fields["reason"] = _reason_text(reason)
+                if fields:
+                    tail = "," + dumps(fields)[1:]
+            lines.append(
+                f'{prefix}{n}","kind":{k},"ts_wall_us":{wall // 1000},"ts_mono_us":{mono // 1000},'
+                f'"clock_synced":{flag}{tail}\n'
+            )
+            n += 1
+        return "".join(lines).encode()
+
+    def _open(self) -> _Open:
+        """Start a new `.part` segment named after its first event counter."""
+        name = SegmentName(self._seq, self._node, self.identity.boot_id, self._counter)
+        self._reserve(self._counter + CHUNK_EVENTS, self._seq + 1)
+        path = os.path.join(self.directory, name.part)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        comp = zlib.compressobj(self.limits.level, zlib.DEFLATED, 31)
+        now = time.monotonic()
+        return _Open(name, fd, comp, now, last_fsync=now)
+
+    def _write_chunk(self, items: list[Item], synced: bool) -> None:
+        """Compress and append one chunk, then sync-flush so everything written so far is readable after a kill."""
+        if not items:
+            return
+        seg = self._segment
+        try:
+            if seg is None:
+                seg = self._segment = self._open()
+            self._reserve(self._counter + len(items), self._seq)
+            data = seg.comp.compress(self._encode(items, synced)) + seg.comp.flush(zlib.Z_SYNC_FLUSH)
+            write_all(seg.fd, data)
+        except OSError as exc:
+            self._fail(seg, exc, len(items))
+            return
+        self._counter += len(items)
+        seg.size += len(data)
+        seg.events += len(items)
+        seg.last_counter = self._counter - 1
+        seg.dirty = True
+        self.stats.events += len(items)
+        self.stats.bytes += len(data)
+        if seg.size >= self.limits.segment_bytes:
+            self.rotate()
+        else:
+            self._enforce_budget()
+
+    def _fail(self, seg: _Open | None, exc: OSError, events: int) -> None:
+        """A write failed: cut the segment back to its last good byte, close it, and record the loss."""
+        if seg is not None:
+            try:
+                os.ftruncate(seg.fd, seg.size)
+            except OSError:
+                pass
+            os.close(seg.fd)
+            self._segment = None
+            try:
+                recover_part(self.directory, seg.name.part, self.limits.level)
+            except OSError:
+                pass  # left as .part; recovered at the next start
+        self.record_loss(f"write_error {errno.errorcode.get(exc.errno or 0, exc.errno)}", events)
+
+    def tick(self) -> None:
+        """Time-driven work: write queued loss records, close an aged segment, fsync a dirty one."""
+        if self._pending:
+            self.write([])
+        seg = self._segment
+        if seg is None:
+            return
+        now = time.monotonic()
+        if now - seg.opened_mono >= self.limits.segment_age_s:
+            self.rotate()
+        elif seg.dirty and self.limits.fsync_every_s is not None and now - seg.last_fsync >= self.limits.fsync_every_s:
+            os.fsync(seg.fd)
+            seg.dirty = False
+            seg.last_fsync = now
+
+    def rotate(self) -> None:
+        """Close the open segment: finish the gzip stream, fsync, rename `.part` to its final name."""
+        seg, self._segment = self._segment, None
+        if seg is None:
+            return
+        try:
+            tail = seg.comp.flush(zlib.Z_FINISH)
+            write_all(seg.fd, tail)
+            os.fsync(seg.fd)
+        except OSError as exc:
+            self._fail(seg, exc, 0)
+            return
+        os.close(seg.fd)
+        seg.size += len(tail)
+        self.stats.bytes += len(tail)
+        os.rename(os.path.join(self.directory, seg.name.part), os.path.join(self.directory, seg.name.final))
+        fsync_dir(self.directory)
+        self.stats.segments += 1
+        self._closed_bytes += seg.size
+        self._closed_meta[seg.name.final] = (seg.events, seg.name.first_counter, seg.last_counter)
+        self._enforce_budget()
+
+    # -- disk budget -------------------------------------------------------------------------------------------
+
+    def _own_closed(self) -> list[tuple[str, int]]:
+        """This node's closed segments, oldest first, with their sizes."""
+        out = []
+        for name in closed_segments(self.directory):
+            parsed = parse_name(name)
+            if parsed is not None and parsed.node == self._node:
+                try:
+                    out.append((name, os.stat(os.path.join(self.directory, name)).st_size))
+                except FileNotFoundError:
+                    pass  # uploaded and deleted meanwhile
+        return out
+
+    def _enforce_budget(self) -> None:
+        """Evict the oldest closed segments while closed + open bytes exceed the budget; record each eviction."""
+        open_size = self._segment.size if self._segment else 0
+        if self._closed_bytes + open_size <= self.limits.budget_bytes:
+            return
+        closed = self._own_closed()  # the uploader may have deleted some since we last looked
+        self._closed_bytes = sum(s for _, s in closed)
+        evicted = False
+        for name, size in closed:
+            if self._closed_bytes + open_size <= self.limits.budget_bytes:
+                break
+            events, first, last = self._segment_extent(name)
+            try:
+                os.unlink(os.path.join(self.directory, name))
+            except FileNotFoundError:
+                self._closed_bytes -= size  # uploaded meanwhile: not lost
+                continue
+            evicted = True
+            self._closed_bytes -= size
+            self.stats.evicted_segments += 1
+            self.stats.evicted_events += events
+            self.stats.evicted_bytes += size
+            parsed = parse_name(name)
+            boot = parsed.boot_id if parsed else "?"
+            node = self.identity.node
+            reason = (
+                f"disk_budget events={events} bytes={size} segment={name} "
+                f"first_event={node}:{boot}:{first} last_event={node}:{boot}:{last}"
+            )
+            self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), {"reason": reason}))
+        if evicted:
+            fsync_dir(self.directory)
+
+    def _segment_extent(self, name: str) -> tuple[int, int, int]:
+        """Events, first and last counter of a closed segment (read from disk when written by an earlier run)."""
+        meta = self._closed_meta.pop(name, None)
+        if meta is not None:
+            return meta
+        parsed = parse_name(name)
+        first = parsed.first_counter if parsed else 0
+        try:
+            events = len(read_segment(os.path.join(self.directory, name)).records)
+        except OSError:
+            events = 0
+        return events, first, first + events - 1
+
+    def close(self) -> None:
+        """Write pending loss records, close the open segment and release the directory lock."""
+        if self._pending:
+            self.write([])
+        self.rotate()
+        if self._pending:  # the final rotation itself evicted something: record it in one more segment
+            self.write([])
+            self.rotate()
+        os.close(self._lock_fd)
