@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 SCHEMA_VERSION = 1
 
@@ -93,7 +93,7 @@ def field_problem(name: str, value: Any) -> str | None:
         return f"field {name!r} must be {type_name}, got {type(value).__name__}"
     if type_name in _INT_RANGE:
         lo, hi = _INT_RANGE[type_name]
-        if not lo <= value <= hi:
+        if not lo <= cast(int, value) <= hi:
             return f"field {name!r} out of {type_name} range: {value}"
     return None
 
