@@ -11,9 +11,15 @@ Public API (all importable from `appliance.protocol`):
 - Decoder(max_packet_size=None, protocol_version=None).feed(data) -> list[Packet]
 - topics: validate_topic_name, validate_topic_filter (-> SharedFilter | None), is_valid_topic_name,
   is_valid_topic_filter, parse_shared, SharedFilter(group, topic_filter), topic_matches(filter, topic)
+- connection: Connection(max_packet_size=None, receive_maximum=65535, topic_alias_maximum=0) with
+  receive_data(data, now=None) -> list[Packet], send(packet) -> bytes, send_publish(topic, payload, qos, retain, dup,
+  packet_id, properties, subscription_ids) -> bytes (b"" = too large for the client: drop, treat as delivered),
+  keepalive_deadline(now) -> float | None, error_disconnect(err) -> bytes | None, state (State), closed,
+  protocol_version, connect, keepalive, client_receive_maximum, client_maximum_packet_size, inbound_inflight
 """
 
 from .codec import encode, encode_publish, encode_publish_properties
+from .connection import Connection, State
 from .decoder import Decoder
 from .errors import MalformedPacket, MQTTError, PacketTooLarge, ProtocolError, UnsupportedProtocolVersion
 from .packets import (
@@ -57,6 +63,7 @@ __all__ = [
     "Auth",
     "Connack",
     "Connect",
+    "Connection",
     "Decoder",
     "Disconnect",
     "MQTTError",
@@ -75,6 +82,7 @@ __all__ = [
     "Pubrel",
     "ReasonCode",
     "SharedFilter",
+    "State",
     "Suback",
     "Subscribe",
     "SubscriptionRequest",
