@@ -24,12 +24,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ClusterError
+
 Value = bytes | None  # None is the tombstone
 VersionVector = dict[str, int]
 Dotted = tuple[tuple[int, Value], ...]  # (counter, value), counters strictly descending
 
 
-class DVVError(ValueError):
+class DVVError(ClusterError, ValueError):
     """A clock or encoding that breaks the DVVSet invariants (bad bytes, duplicate nodes, unordered dots)."""
 
 
