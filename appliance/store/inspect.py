@@ -50,15 +50,25 @@ def inspect(db_file: Path | str, *, full: bool = False) -> str:
         present = set(db.table_names())
         lines.append("rows:")
         for name in TABLES:
-            count = db[name].count if name in present else "missing"
-            lines.append(f"  {name:<14} {count}")
+            lines.append(f"  {name:<14} {_count(db, name) if name in present else 'missing'}")
         if "sessions" in present and "queue" in present:
-            lines.append(_sessions_report(conn))
+            try:
+                lines.append(_sessions_report(conn))
+            except sqlite3.DatabaseError as exc:
+                lines.append(f"sessions: unreadable ({exc})")
         if integrity != "ok":
             raise StoreError("\n".join(lines))
         return "\n".join(lines)
     finally:
         conn.close()
+
+
+def _count(db: sqlite_utils.Database, table: str) -> str:
+    """Row count of `table`, or why it cannot be read."""
+    try:
+        return str(db[table].count)
+    except sqlite3.DatabaseError as exc:
+        return f"unreadable ({exc})"
 
 
 def _sessions_report(conn: sqlite3.Connection) -> str:

@@ -60,8 +60,12 @@ def check_integrity(conn: sqlite3.Connection, path: Path, *, full: bool = False)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"database is corrupt, {pragma} failed: {exc}", path=str(path)) from exc
     if rows != ["ok"]:
-        detail = "; ".join(rows[:5])
-        raise StoreError(f"database is corrupt, {pragma} reported: {detail}", path=str(path))
+        problems = [line for row in rows for line in row.splitlines() if line and not line.startswith("***")]
+        detail = "; ".join(problems[:3]) + (f"; ... {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise StoreError(
+            f"database is corrupt ({pragma}: {detail}); restore it from a replica or backup, or move it aside",
+            path=str(path),
+        )
     return "ok"
 
 
