@@ -75,7 +75,7 @@ SPEC: dict[str, dict[str, Key]] = {
         "full_integrity_check": Key(bool, False, "run PRAGMA integrity_check (not quick_check) at start"),
     },
     "metrics": {
-        "http": Key(str, "127.0.0.1:9883", "Prometheus /metrics and /cluster JSON HOST:PORT, empty to disable"),
+        "http": Key(str, "", "Prometheus /metrics and /status JSON HOST:PORT (e.g. 127.0.0.1:9883), empty: off"),
         "sys_interval": Key(int, 10, "seconds between $SYS updates (0: off)", 0, 86400),
     },
     "deliverylog": {
