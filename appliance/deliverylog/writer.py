@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import json.encoder
 import os
 import time
 import zlib
@@ -89,6 +90,21 @@ class WriterStats:
     recovered: list[str] = field(default_factory=list)
 
 
+def _compact_encoder() -> Callable[[Any], str]:
+    """The fastest compact JSON encoder available: the C encoder called directly skips json.dumps' set-up per call."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return json.JSONEncoder(separators=(",", ":")).encode
+    enc = make(None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+    join = "".join
+    return lambda obj: join(enc(obj, 0))
+
+
+def _plain(value: Any) -> Any:
+    """`value` if JSON can encode it as is, else its text."""
+    return value if isinstance(value, (str, int, float, bool)) else str(value)
+
+
 def _reason_text(value: Any) -> str:
     """A reason as schema text: enum members by lower-case name, anything else by str()."""
     if isinstance(value, Enum):
@@ -136,7 +152,7 @@ class SegmentWriter:
             f'"boot_id":{ident(identity.boot_id)},"event_id":{ident(identity.node + ":" + identity.boot_id + ":")[:-1]}'
         )
         self._kinds = {k: ident(k) for k in KINDS}
-        self._dumps = json.JSONEncoder(separators=(",", ":")).encode
+        self._dumps = _compact_encoder()
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -211,7 +227,10 @@ class SegmentWriter:
                 if reason is not None and type(reason) is not str:
                     fields["reason"] = _reason_text(reason)
                 if fields:
-                    tail = "," + dumps(fields)[1:]
+                    try:
+                        tail = "," + dumps(fields)[1:]
+                    except (TypeError, ValueError):  # a value JSON cannot hold: keep its text
+                        tail = "," + dumps({key: _plain(v) for key, v in fields.items()})[1:]
             lines.append(
                 f'{prefix}{n}","kind":{k},"ts_wall_us":{wall // 1000},"ts_mono_us":{mono // 1000},'
                 f'"clock_synced":{flag}{tail}\n'
