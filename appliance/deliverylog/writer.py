@@ -31,7 +31,7 @@ from .segments import (
 Item = tuple[str, int, int, dict[str, Any]]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fields (taken at emit time)
 
 COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
-CHUNK_EVENTS = 4096  # events compressed per write call (bounds how far a segment overshoots its size limit)
+CHUNK_EVENTS = 1024  # events compressed per write call (bounds how far a segment overshoots its size limit)
 
 
 class DeliveryLogError(Exception):
