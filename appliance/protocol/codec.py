@@ -45,6 +45,9 @@ def _frame(first_byte: int, body: bytes) -> bytes:
 
 def encode_publish_properties(props: Properties) -> bytes:
     """Encode a message's PUBLISH properties once (no length prefix, no alias / subscription ids) for reuse."""
+    if (props.payload_format_indicator is None and props.message_expiry_interval is None and props.content_type is None
+            and props.response_topic is None and props.correlation_data is None and not props.user_properties):
+        return b""
     return encode_properties_body(props, PacketType.PUBLISH, _PUBLISH_SPLICED)
 
 
@@ -102,7 +105,7 @@ def encode_publish(
                 extra += encode_u16(topic_alias)
             properties = bytes(extra)
         plen = len(properties)
-        props = (_SMALL[plen] if plen < 128 else encode_varint(plen)) + properties
+        props = (_SMALL[plen] if plen < 128 else encode_varint(plen)) + properties if plen else b"\x00"
     else:
         props = b""
     remaining = 2 + tlen + len(pid) + len(props) + len(payload)

@@ -118,7 +118,11 @@ class Connection:
         try:
             packets = self.decoder.feed(data)
             for packet in packets:
-                self._receive(packet)
+                if type(packet) is Publish and self.state is State.CONNECTED:
+                    if packet.qos or self.decoder.protocol_version == MQTT_5:  # 3.1.1 QoS 0 needs no checks
+                        self._receive_publish(packet)
+                else:
+                    self._receive(packet)
         except MQTTError as err:
             self.error = err  # the stream is unusable now; answer with error_disconnect(err) and close
             raise
@@ -128,9 +132,6 @@ class Connection:
 
     def _receive(self, packet: Packet) -> None:
         ptype = PACKET_TYPES[type(packet)]
-        if ptype == _P.PUBLISH and self.state is State.CONNECTED:
-            self._receive_publish(packet)  # type: ignore[arg-type]
-            return
         next_state = self._transition(IN, ptype)
         if isinstance(packet, Connect):
             self._receive_connect(packet)

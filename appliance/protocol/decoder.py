@@ -372,7 +372,10 @@ class Decoder:
             after = tend + 2 if qos else tend
             if after >= pend or buf[after] != 0:  # properties present (or missing length): general path
                 return _publish(first & 0x0F, Reader(buf, p, pend), True)
-        topic = buf[p + 2 : tend].decode("utf-8")  # strict decoding rejects surrogates [MQTT-1.5.4-1]
+        try:
+            topic = buf[p + 2 : tend].decode("utf-8")  # strict decoding rejects surrogates [MQTT-1.5.4-1]
+        except UnicodeDecodeError as exc:
+            raise MalformedPacket("ill-formed UTF-8 topic [MQTT-1.5.4-1]") from exc
         if "\x00" in topic:
             raise MalformedPacket("topic contains U+0000 [MQTT-1.5.4-2]")
         if "+" in topic or "#" in topic:
