@@ -24,6 +24,7 @@ ADMIN = "admin"
 DATA_DIR = "/var/lib/appliance"  # systemd StateDirectory=appliance
 LOGS_DIR = "/var/log/appliance"  # systemd LogsDirectory=appliance
 PORTS = {"tcp": 1883, "tls": 8883, "ws": 8080}
+UPLOAD_CREDENTIALS = "aws-credentials"  # under secrets/
 
 
 @dataclass(slots=True)
@@ -146,8 +147,11 @@ def device_config(device: Device, fleet: FleetSettings, upload: str | None) -> d
         config["cluster"] |= {"certfile": str(etc / "node.crt"), "keyfile": str(etc / SECRETS / "node.key")}
     if upload is not None:
         bucket, prefix = _split_s3(upload)
-        config["upload"] = {"bucket": bucket, "prefix": prefix, "endpoint": fleet.upload_endpoint,
-                            "region": fleet.upload_region, "credentials_file": str(etc / SECRETS / "upload.toml")}
+        config["upload"] = {"bucket": bucket, "prefix": prefix}
+        if fleet.upload_endpoint:
+            config["upload"]["endpoint"] = fleet.upload_endpoint
+        if fleet.upload_region:
+            config["upload"]["region"] = fleet.upload_region
     return config
 
 
@@ -177,9 +181,11 @@ def build_bundle(target: Path, device: Device, cluster: ClusterMaterial, fleet: 
     upload_key: tuple[str, str] | None = None
     if upload is not None:
         upload_key = fleet.shared_upload_key or new_upload_key()
-        secret_files["upload.toml"] = render_toml(
-            {"credentials": {"access_key_id": upload_key[0], "secret_access_key": upload_key[1]}},
-            f"{device.device_id}: object-store credentials for appliance upload").encode()
+        # The AWS shared-credentials format: appliance-upload.service points AWS_SHARED_CREDENTIALS_FILE here, so the
+        # secret stays out of appliance.toml.
+        secret_files[UPLOAD_CREDENTIALS] = (f"# {device.device_id}: object-store key for appliance upload\n[default]\n"
+                                            f"aws_access_key_id = {upload_key[0]}\n"
+                                            f"aws_secret_access_key = {upload_key[1]}\n").encode()
     for name, data in files.items():
         write_file(target / name, data, 0o644)
     for name, data in secret_files.items():

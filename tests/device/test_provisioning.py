@@ -63,7 +63,7 @@ def test_fifty_devices_fifty_bundles(fleet: tuple[Path, Path]) -> None:
         b = out / "bundles" / name
         files = {str(p.relative_to(b)) for p in b.rglob("*") if p.is_file()}
         expected = {"appliance.toml", "acl", "cluster-ca.crt", "bundle.json", "secrets/cluster.secret",
-                    "secrets/passwd", "secrets/upload.toml"}
+                    "secrets/passwd", "secrets/aws-credentials"}
         if not no_tls(i):
             expected |= {"node.crt", "secrets/node.key"}
         assert files == expected, name
@@ -178,10 +178,31 @@ def test_manifest_holds_no_private_material(fleet: tuple[Path, Path]) -> None:
         if path.is_file() and path.suffix != ".crt":
             for line in path.read_text().splitlines():
                 value = line.split(":", 1)[-1].split("=", 1)[-1].strip().strip('"')
-                if len(value) >= 16 and not line.startswith(("#", "access_key_id")):  # key ids are public
+                if len(value) >= 16 and not line.startswith(("#", "aws_access_key_id")):  # key ids: public
                     assert value not in text, path
     uploads = (out / "cloud" / "upload-credentials.csv").read_text().splitlines()
     assert len(uploads) == N + 1 and stat.S_IMODE((out / "cloud" / "upload-credentials.csv").stat().st_mode) == 0o600
+
+
+def test_upload_config_and_key_work_with_appliance_upload(fleet: tuple[Path, Path], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`appliance upload` accepts the [upload] section; boto3 finds the key where the upload unit points it."""
+    from appliance.deliverylog.upload import _parser, load_config
+
+    _, out = fleet
+    b = out / "bundles" / "pi-004"
+    cfg = load_config(_parser().parse_args(["--config", str(b / "appliance.toml"), "--log-dir", str(tmp_path)]))
+    assert (cfg.bucket, cfg.prefix) == ("fleet-logs", "raw")
+    boto3 = pytest.importorskip("boto3")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(b / "secrets" / "aws-credentials"))
+    creds = boto3.session.Session().get_credentials()
+    rows = dict((r.split(",")[0], r.split(",")) for r in (out / "cloud" / "upload-credentials.csv").read_text().split())
+    assert creds is not None and creds.access_key == rows["pi-004"][2] and creds.secret_key == rows["pi-004"][3]
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "appliance-upload.service").read_text()
+    assert "AWS_SHARED_CREDENTIALS_FILE=/etc/appliance/secrets/aws-credentials" in unit
 
 
 def test_second_run_refuses_without_force_and_force_reissues(fleet: tuple[Path, Path], tmp_path: Path,
@@ -255,8 +276,8 @@ def test_shared_upload_key_from_environment(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("APPLIANCE_UPLOAD_ACCESS_KEY_ID", "AKSHARED")
     monkeypatch.setenv("APPLIANCE_UPLOAD_SECRET_ACCESS_KEY", "shared-secret-value")
     assert main(["--inventory", str(csv_path), "--out", str(tmp_path / "out"), "--upload", "s3://b/p"]) == 0
-    creds = (tmp_path / "out/bundles/pi-001/secrets/upload.toml").read_text()
-    assert 'access_key_id = "AKSHARED"' in creds and not (tmp_path / "out/cloud").exists()
+    creds = (tmp_path / "out/bundles/pi-001/secrets/aws-credentials").read_text()
+    assert "aws_access_key_id = AKSHARED\n" in creds and not (tmp_path / "out/cloud").exists()
     monkeypatch.delenv("APPLIANCE_UPLOAD_SECRET_ACCESS_KEY")
     assert main(["--inventory", str(csv_path), "--out", str(tmp_path / "o2"), "--upload", "s3://b/p"]) == 2
 
