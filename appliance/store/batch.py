@@ -6,7 +6,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from appliance.broker.model import Message
+from appliance.broker.model import DeliveryState, Message
 
 from .rows import MessageRow, message_row
 
@@ -26,6 +26,19 @@ SET_META = 12
 CALLBACK = 13
 
 Op = tuple[int, Any]
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+# sqlite3 binds exact int/float/str without lookups, but sends None, bytes, bool and IntEnum through its adapter
+# protocol, failing two attribute lookups per value. Registering the identity (or int) finds them in one dict lookup;
+# the stored values are exactly what sqlite3 would have stored anyway.
+sqlite3.register_adapter(type(None), _same)
+sqlite3.register_adapter(bytes, bytes)
+sqlite3.register_adapter(bool, int)
+sqlite3.register_adapter(DeliveryState, int)
 
 _SQL: dict[int, tuple[str, ...]] = {
     SAVE_SESSION: ("INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?)",),
@@ -50,30 +63,64 @@ _SQL: dict[int, tuple[str, ...]] = {
 _NO_MESSAGE: MessageRow = (None, None, None, None, None, None, None, None, None)  # type: ignore[assignment]
 
 
+def fold_updates(ops: list[Op]) -> tuple[list[Op], int]:
+    """Merge each UPDATE_DELIVERY into the latest ENQUEUE of the same row earlier in the batch; return (ops, merged).
+
+    Only ENQUEUE creates queue rows, so writing the update into that insert gives the same final table state.
+    """
+    latest: dict[tuple[str, int], int] = {}
+    out: list[Op] = []
+    merged = 0
+    for op in ops:
+        kind = op[0]
+        if kind == ENQUEUE:
+            p = op[1]
+            latest[(p[0], p[1])] = len(out)
+        elif kind == UPDATE_DELIVERY:
+            state, packet_id, client_id, seq = op[1]
+            i = latest.get((client_id, seq))
+            if i is not None:
+                e = out[i][1]
+                out[i] = (ENQUEUE, (e[0], e[1], e[2], e[3], e[4], e[5], packet_id, state, e[8]))
+                merged += 1
+                continue
+        out.append(op)
+    return out, merged
+
+
 def elide(ops: list[Op]) -> tuple[list[Op], int]:
     """Drop enqueue/update ops whose row a later op in the same batch removes; return (kept ops, number dropped).
 
     The later REMOVE_DELIVERY is kept, so the final table state equals running every op in order.
     """
-    removed_later: set[tuple[str, int]] | None = None
+    removed_later: set[tuple[str, int]] = set()
     keep: list[Op] = []
     dropped = 0
     for op in reversed(ops):
         kind = op[0]
         if kind == REMOVE_DELIVERY:
-            if removed_later is None:
-                removed_later = set()
             removed_later.add(op[1])
-        elif removed_later is not None and kind in (ENQUEUE, UPDATE_DELIVERY):
+        elif kind in (ENQUEUE, UPDATE_DELIVERY):
             key = (op[1][0], op[1][1]) if kind == ENQUEUE else (op[1][2], op[1][3])
             if key in removed_later:
                 dropped += 1
                 continue
         keep.append(op)
-    if removed_later is None:
-        return ops, 0
     keep.reverse()
     return keep, dropped
+
+
+def coalesce(ops: list[Op]) -> tuple[list[Op], int]:
+    """fold_updates then elide, each only when the batch holds the op kinds it works on; return (ops, ops saved)."""
+    kinds = {op[0] for op in ops}
+    saved = 0
+    if UPDATE_DELIVERY in kinds and ENQUEUE in kinds:
+        ops, merged = fold_updates(ops)
+        saved += merged
+    if REMOVE_DELIVERY in kinds:
+        ops, dropped = elide(ops)
+        saved += dropped
+    return ops, saved
 
 
 def _message_cells(message: Message, cache: dict[int, MessageRow]) -> MessageRow:
@@ -120,8 +167,8 @@ def split(ops: list[Op]) -> tuple[list[tuple[Callable[..., Any], tuple[Any, ...]
 
 
 def apply(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, int]:
-    """Run `writes` inside the caller's transaction in call order; return (ops executed, ops elided)."""
-    writes, dropped = elide(writes)
+    """Run `writes` inside the caller's transaction in call order; return (ops executed, ops saved by coalescing)."""
+    writes, dropped = coalesce(writes)
     cache: dict[int, MessageRow] = {}
     i = 0
     n = len(writes)

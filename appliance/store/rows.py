@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import base64
 import json
+import operator
 from dataclasses import fields
 from typing import Any
 
-from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
+from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.protocol.packets import Properties, Will
 
 _PROPERTY_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Properties))
 _BYTES_PROPERTIES = frozenset({"correlation_data", "authentication_data"})
-_LIST_PROPERTIES = frozenset({"subscription_identifiers", "user_properties"})
+_all_properties = operator.attrgetter(*_PROPERTY_NAMES)
+_DEFAULT_VALUES: tuple[Any, ...] = _all_properties(Properties())
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 # Row layouts (column order matches the INSERT statements in writer.py and the SELECTs in loader.py).
 MessageRow = tuple[str, str, bytes, int, int, str, float, float | None, str | None]
@@ -20,22 +23,20 @@ MessageRow = tuple[str, str, bytes, int, int, str, float, float | None, str | No
 
 def properties_to_text(props: Properties) -> str | None:
     """Serialise the non-default fields of `props` as compact JSON; None when every field is default."""
-    out: dict[str, Any] | None = None
-    for name in _PROPERTY_NAMES:
-        value = getattr(props, name)
-        if value is None or (name in _LIST_PROPERTIES and not value):
+    values = _all_properties(props)
+    if values == _DEFAULT_VALUES:
+        return None
+    out: dict[str, Any] = {}
+    for name, value, default in zip(_PROPERTY_NAMES, values, _DEFAULT_VALUES, strict=True):
+        if value == default:
             continue
-        if out is None:
-            out = {}
         if name in _BYTES_PROPERTIES:
             out[name] = base64.b64encode(value).decode("ascii")
         elif name == "user_properties":
             out[name] = [list(pair) for pair in value]  # order preserved [MQTT-3.3.2-18]
         else:
             out[name] = value
-    if out is None:
-        return None
-    return json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+    return _encode(out)
 
 
 def properties_from_text(text: str | None) -> Properties:
@@ -54,16 +55,14 @@ def will_to_text(will: Will | None) -> str | None:
     """Serialise a pending Will as JSON (None stays None)."""
     if will is None:
         return None
-    return json.dumps(
+    return _encode(
         {
             "topic": will.topic,
             "payload": base64.b64encode(will.payload).decode("ascii"),
             "qos": will.qos,
             "retain": will.retain,
             "properties": properties_to_text(will.properties),
-        },
-        separators=(",", ":"),
-        ensure_ascii=False,
+        }
     )
 
 
@@ -173,17 +172,3 @@ def subscription_ids_to_text(ids: list[int] | tuple[int, ...]) -> str | None:
 def subscription_ids_from_text(text: str | None) -> list[int]:
     """Inverse of subscription_ids_to_text."""
     return [int(x) for x in text.split(",")] if text else []
-
-
-def delivery_from_row(row: tuple[Any, ...], message: Message) -> Delivery:
-    """Rebuild a Delivery from a queue row (seq at 1, delivery columns at 11..17) and its message."""
-    return Delivery(
-        seq=row[1],
-        message=message,
-        qos=row[11],
-        retain=bool(row[12]),
-        subscription_ids=subscription_ids_from_text(row[13]),
-        packet_id=row[14],
-        state=DeliveryState(row[15]),
-        attempts=row[16],
-    )

@@ -24,6 +24,7 @@ import asyncio
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from appliance.broker.ports import Snapshot
 from . import batch as ops
 from .errors import StoreError
 from .loader import load_snapshot
-from .rows import session_row, subscription_ids_to_text, subscription_row
+from .rows import session_row, subscription_row
 from .schema import connect, prepare
 from .stats import CommitStats
 
@@ -60,13 +61,14 @@ class SqliteStore:
         self._batch_max = max(1, batch_max)
         self._full_integrity_check = full_integrity_check
         self._pragmas = dict(pragmas or {})  # extra PRAGMAs for the writer connection (e.g. max_page_count)
-        self._cond = threading.Condition(threading.Lock())
-        self._pending: list[ops.Op] = []
-        self._writer_waiting = False
+        # Hot path: deque.append is atomic, so producers take no lock; the writer pops from the left.
+        self._pending: deque[ops.Op] = deque()
+        self._writer_idle = False
+        self._wake = threading.Event()
         self._stopping = False
+        self._refusal: StoreError | None = None  # set once closed or failed: every write raises it
         self._thread: threading.Thread | None = None
         self._opened = False
-        self._closed = False
         self._failure: StoreError | None = None
         self._stats = CommitStats()
         self.schema_version = 0
@@ -94,8 +96,8 @@ class SqliteStore:
         """Start the writer thread; callbacks go to `loop`, else the constructor's loop, else the running loop."""
         if self._thread is not None:
             return
-        if self._closed:
-            raise StoreError("store is closed", path=str(self.path))
+        if self._refusal is not None:
+            raise self._refusal
         self.open()
         self._loop = loop or self._loop
         if self._loop is None:
@@ -115,16 +117,17 @@ class SqliteStore:
 
     def close(self) -> None:
         """Commit everything pending, release its callbacks, stop the writer thread (blocks until done)."""
-        if self._closed:
+        if self._refusal is not None and self._thread is None:
             return
-        if self._thread is None and self._pending and self._failure is None:
+        if self._thread is None and self._pending:
             self.start()
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
+        self._stopping = True
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        self._closed = True
+            self._thread = None
+        if self._refusal is None:
+            self._refusal = StoreError("store is closed", path=str(self.path))
 
     async def async_close(self) -> None:
         """close() without blocking the loop, so the released callbacks (PUBACKs) run before this returns."""
@@ -143,15 +146,12 @@ class SqliteStore:
     # -- Store protocol: writes (queued, never blocking) ------------------------------------------------------
 
     def _submit(self, op: ops.Op) -> None:
-        if self._failure is not None:
-            raise StoreError(f"store refuses writes after a failed commit: {self._failure}", path=str(self.path))
-        with self._cond:
-            if self._stopping:
-                raise StoreError("store is closed", path=str(self.path))
-            self._pending.append(op)
-            if self._writer_waiting:
-                self._writer_waiting = False
-                self._cond.notify()
+        if self._refusal is not None:
+            raise self._refusal
+        self._pending.append(op)
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
 
     def save_session(self, record: SessionRecord) -> None:
         """Insert or replace the session row (not its subscriptions)."""
@@ -171,30 +171,47 @@ class SqliteStore:
 
     def enqueue(self, client_id: str, delivery: Delivery) -> None:
         """Insert (or replace) queue row (client_id, delivery.seq); the delivery's mutable fields are captured now."""
-        self._submit(
+        if self._refusal is not None:
+            raise self._refusal
+        d = delivery
+        ids = d.subscription_ids
+        self._pending.append(
             (
                 ops.ENQUEUE,
                 (
                     client_id,
-                    delivery.seq,
-                    delivery.message,
-                    delivery.qos,
-                    int(delivery.retain),
-                    subscription_ids_to_text(delivery.subscription_ids),
-                    delivery.packet_id,
-                    int(delivery.state),
-                    delivery.attempts,
+                    d.seq,
+                    d.message,
+                    d.qos,
+                    d.retain,
+                    ",".join(map(str, ids)) if ids else None,
+                    d.packet_id,
+                    d.state,
+                    d.attempts,
                 ),
             )
         )
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
 
     def update_delivery(self, client_id: str, seq: int, state: DeliveryState, packet_id: int | None) -> None:
         """Record a queued delivery's new outbound state and packet id."""
-        self._submit((ops.UPDATE_DELIVERY, (int(state), packet_id, client_id, seq)))
+        if self._refusal is not None:
+            raise self._refusal
+        self._pending.append((ops.UPDATE_DELIVERY, (state, packet_id, client_id, seq)))
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
 
     def remove_delivery(self, client_id: str, seq: int) -> None:
         """Delete a queue row (on the subscriber's PUBACK / PUBCOMP, or on expiry / drop)."""
-        self._submit((ops.REMOVE_DELIVERY, (client_id, seq)))
+        if self._refusal is not None:
+            raise self._refusal
+        self._pending.append((ops.REMOVE_DELIVERY, (client_id, seq)))
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
 
     def save_retained(self, message: Message) -> None:
         """Insert or replace the retained message of message.topic."""
@@ -218,25 +235,32 @@ class SqliteStore:
 
     def after_commit(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run callback(*args) on the loop once every write queued before this call has committed."""
-        self._submit((ops.CALLBACK, (callback, args)))
+        if self._refusal is not None:
+            raise self._refusal
+        self._pending.append((ops.CALLBACK, (callback, args)))
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake.set()
 
     # -- writer thread -----------------------------------------------------------------------------------------
 
     def _take(self) -> list[ops.Op] | None:
-        """Block until work is pending; take at most batch_max ops. None means stop."""
-        with self._cond:
-            while not self._pending:
-                if self._stopping:
-                    return None
-                self._writer_waiting = True
-                self._cond.wait()
-                self._writer_waiting = False
-            if len(self._pending) <= self._batch_max:
-                taken, self._pending = self._pending, []
-            else:
-                taken = self._pending[: self._batch_max]
-                del self._pending[: self._batch_max]
-            return taken
+        """Block until work is pending; take at most batch_max ops in call order. None means stop."""
+        pending = self._pending
+        while True:
+            n = len(pending)
+            if n:
+                popleft = pending.popleft
+                return [popleft() for _ in range(min(n, self._batch_max))]
+            if self._stopping:
+                return None
+            self._wake.clear()
+            self._writer_idle = True
+            if pending or self._stopping:  # raced with a producer that saw us busy: go again
+                self._writer_idle = False
+                continue
+            self._wake.wait()
+            self._writer_idle = False
 
     def _run(self, conn: sqlite3.Connection) -> None:
         try:
@@ -287,10 +311,10 @@ class SqliteStore:
             pass
         error = StoreError(f"write to the database failed, refusing further writes: {exc}", path=str(self.path))
         error.__cause__ = exc
-        with self._cond:
-            self._failure = error
-            self._stopping = True
-            self._pending = []  # their callbacks (PUBACK / PUBREC) must never run
+        self._failure = error
+        self._refusal = StoreError(f"store refuses writes after a failed commit: {exc}", path=str(self.path))
+        self._stopping = True
+        self._pending.clear()  # their callbacks (PUBACK / PUBREC) must never run
         handler = self._on_fatal
         if handler is None:
             return
