@@ -144,7 +144,6 @@ class SegmentWriter:
         self._segment: _Open | None = None
         self._pending: list[Item] = []  # log_evicted records waiting to be written
         self._closed_bytes = sum(s for _, s in self._own_closed())
-        self._closed_meta: dict[str, tuple[int, int, int]] = {}  # name -> events, first, last counter (this run)
         ident = json.dumps
         self._prefix = (
             f'{{"schema_version":{SCHEMA_VERSION},"source":{ident(identity.source)},"fleet":{ident(identity.fleet)},'
@@ -323,7 +322,6 @@ class SegmentWriter:
         fsync_dir(self.directory)
         self.stats.segments += 1
         self._closed_bytes += seg.size
-        self._closed_meta[seg.name.final] = (seg.events, seg.name.first_counter, seg.last_counter)
         self._enforce_budget()
 
     # -- disk budget -------------------------------------------------------------------------------------------
@@ -351,7 +349,7 @@ class SegmentWriter:
         for name, size in closed:
             if self._closed_bytes + open_size <= self.limits.budget_bytes:
                 break
-            events, first, last = self._segment_extent(name)
+            events, first, last, carried = self._segment_extent(name)
             try:
                 os.unlink(os.path.join(self.directory, name))
             except FileNotFoundError:
@@ -369,22 +367,22 @@ class SegmentWriter:
                 f"disk_budget events={events} bytes={size} segment={name} "
                 f"first_event={node}:{boot}:{first} last_event={node}:{boot}:{last}"
             )
-            self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), {"reason": reason}))
+            now_wall, now_mono = time.time_ns(), time.monotonic_ns()
+            for text in [*carried, reason]:  # earlier eviction records in the evicted segment are carried forward
+                self._pending.append(("log_evicted", now_wall, now_mono, {"reason": text}))
         if evicted:
             fsync_dir(self.directory)
 
-    def _segment_extent(self, name: str) -> tuple[int, int, int]:
-        """Events, first and last counter of a closed segment (read from disk when written by an earlier run)."""
-        meta = self._closed_meta.pop(name, None)
-        if meta is not None:
-            return meta
+    def _segment_extent(self, name: str) -> tuple[int, int, int, list[str]]:
+        """Events, first and last counter of a closed segment, and the reasons of the eviction records it holds."""
         parsed = parse_name(name)
         first = parsed.first_counter if parsed else 0
         try:
-            events = len(read_segment(os.path.join(self.directory, name)).records)
+            records = read_segment(os.path.join(self.directory, name)).records
         except OSError:
-            events = 0
-        return events, first, first + events - 1
+            records = []
+        carried = [str(r.get("reason")) for r in records if r.get("kind") == "log_evicted" and r.get("reason")]
+        return len(records), first, first + len(records) - 1, carried
 
     def close(self) -> None:
         """Write pending loss records, close the open segment and release the directory lock."""

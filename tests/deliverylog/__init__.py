@@ -1,0 +1,1 @@
+"""Delivery-log adapter tests."""

@@ -1,0 +1,240 @@
+"""DeliveryLog writer: schema round trip of every kind, clocks, rotation, disk budget, recovery, restarts."""
+
+import os
+import pathlib
+import shutil
+import time
+
+import pytest
+
+from appliance.deliverylog import FIELDS, KINDS, DeliveryLogError, read_segment, read_segments
+from appliance.deliverylog.schema import record_problems
+from appliance.deliverylog.segments import PART, SUFFIX, closed_segments
+from appliance.protocol.reason_codes import ReasonCode
+
+from .conftest import BOOT, SAMPLES
+
+
+def _raw(directory):
+    return read_segments(str(directory), fill_nulls=False)
+
+
+def test_samples_cover_every_kind():
+    assert set(SAMPLES) == set(KINDS)
+
+
+def test_every_kind_round_trips_through_the_schema(make_log, tmp_path):
+    log = make_log(strict=True)
+    for kind in KINDS:
+        log.emit(kind, **SAMPLES[kind])
+    log.close()
+    records = _raw(tmp_path / "log")
+    assert [r["kind"] for r in records] == list(KINDS)
+    for i, (kind, record) in enumerate(zip(KINDS, records, strict=True)):
+        assert record_problems(record) == [], (kind, record)
+        assert {k: record[k] for k in SAMPLES[kind]} == SAMPLES[kind]
+        assert record["event_id"] == f"n1:{BOOT}:{i}"
+        assert (record["fleet"], record["device"], record["node"], record["firmware"], record["boot_id"]) == (
+            "fleet-1", "dev-1", "n1", "1.2.3", BOOT)
+        assert (record["source"], record["schema_version"], record["clock_synced"]) == ("broker", 1, True)
+    normalized = read_segments(str(tmp_path / "log"))
+    assert normalized[KINDS.index("node_start")]["subscriber"] is None
+    assert list(normalized[0]) == list(FIELDS)
+
+
+def test_clocks_are_taken_at_emit_time_not_write_time(make_log, tmp_path):
+    log = make_log(flush_interval_s=30.0)
+    wall0, mono0 = time.time_ns() // 1000, time.monotonic_ns() // 1000
+    log.emit("node_start")
+    wall1, mono1 = time.time_ns() // 1000, time.monotonic_ns() // 1000
+    time.sleep(0.3)  # the writer runs only at flush below, well after the emit
+    log.flush()
+    (record,) = _raw(tmp_path / "log")
+    assert wall0 <= record["ts_wall_us"] <= wall1
+    assert mono0 <= record["ts_mono_us"] <= mono1
+
+
+def test_none_values_are_omitted_and_unknown_fields_dropped(make_log, tmp_path):
+    log = make_log()
+    log.emit("dropped", msg_id="m", subscriber=None, reason=ReasonCode.QUOTA_EXCEEDED, bogus=1)
+    log.close()
+    (record,) = _raw(tmp_path / "log")
+    assert "subscriber" not in record and "bogus" not in record
+    assert record["reason"] == "quota_exceeded"
+    assert log.stats().bad_fields == 1
+
+
+def test_strict_mode_rejects_bad_events(make_log):
+    log = make_log(strict=True)
+    with pytest.raises(ValueError, match="unknown delivery-log event kind"):
+        log.emit("teleported")
+    with pytest.raises(ValueError, match="not an emit field"):
+        log.emit("acked", event_id="x")
+    with pytest.raises(ValueError, match="must be int"):
+        log.emit("acked", qos="1")
+
+
+def test_clock_sync_flag_is_conservative_across_a_sync(make_log, tmp_path):
+    synced = [False]
+    log = make_log(clock_synced=lambda: synced[0], flush_interval_s=30.0)
+    log.emit("node_start")
+    log.flush()
+    synced[0] = True
+    log.emit("peer_up", peer_node="a")  # emitted before the writer saw the change: not trusted
+    log.flush()
+    log.emit("peer_up", peer_node="b")
+    log.flush()
+    assert [r["clock_synced"] for r in _raw(tmp_path / "log")] == [False, False, True]
+
+
+def test_rotation_by_size_keeps_counters_contiguous(make_log, tmp_path):
+    log = make_log(segment_bytes=1024, budget_bytes=1 << 30)
+    for i in range(3000):
+        log.emit("received", msg_id=f"n1:{i}", topic=f"t/{i % 7}", payload_size=i)
+        if i % 100 == 99:
+            log.flush()
+    log.close()
+    names = closed_segments(str(tmp_path / "log"))
+    assert len(names) > 3
+    expected_first = 0
+    for name in names:
+        content = read_segment(str(tmp_path / "log" / name))
+        assert content.complete
+        counters = [int(r["event_id"].rsplit(":", 1)[1]) for r in content.records]
+        assert counters == list(range(expected_first, expected_first + len(counters)))
+        assert name.endswith(f"_{expected_first:012d}{SUFFIX}")
+        expected_first += len(counters)
+    assert expected_first == 3000
+    assert not [n for n in os.listdir(tmp_path / "log") if n.endswith(PART)]
+
+
+def test_rotation_by_age_and_on_demand(make_log, tmp_path):
+    log = make_log(segment_age_s=0.2)
+    log.emit("node_start")
+    deadline = time.monotonic() + 20
+    while not closed_segments(str(tmp_path / "log")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(closed_segments(str(tmp_path / "log"))) == 1
+    log.emit("peer_up", peer_node="x")
+    log.rotate()
+    assert len(closed_segments(str(tmp_path / "log"))) == 2
+
+
+def test_disk_budget_evicts_oldest_and_records_exactly_what_was_lost(make_log, tmp_path):
+    log = make_log(segment_bytes=1024, budget_bytes=4096)
+    total = 4000
+    for i in range(total):
+        log.emit("received", msg_id=f"n1:{i}", publisher=f"c{i}", topic=f"t/{i}", payload_size=i)
+        if i % 100 == 99:
+            log.flush()
+    log.close()
+    records = _raw(tmp_path / "log")
+    evictions = [r for r in records if r["kind"] == "log_evicted"]
+    kept = [int(r["event_id"].rsplit(":", 1)[1]) for r in records]
+    assert evictions, "the budget must have forced evictions"
+    lost: set[int] = set()
+    lost_bytes = 0
+    for e in evictions:
+        words = dict(w.split("=", 1) for w in e["reason"].split()[1:])
+        assert e["reason"].startswith("disk_budget ")
+        first = int(words["first_event"].rsplit(":", 1)[1])
+        last = int(words["last_event"].rsplit(":", 1)[1])
+        assert int(words["events"]) == last - first + 1
+        lost |= set(range(first, last + 1))
+        lost_bytes += int(words["bytes"])
+    assert lost.isdisjoint(kept)
+    assert lost | set(kept) == set(range(max(kept) + 1))  # every event is either kept or reported lost
+    assert log.stats().evicted_events == len(lost) and log.stats().evicted_bytes == lost_bytes
+    on_disk = sum(os.path.getsize(tmp_path / "log" / n) for n in closed_segments(str(tmp_path / "log")))
+    assert on_disk <= 4096 + 1024
+
+
+def test_backlog_overflow_is_recorded(make_log, tmp_path):
+    log = make_log(max_backlog=10, flush_interval_s=30.0)
+    for i in range(100):
+        log.emit("committed", msg_id=f"m{i}")
+    log.flush()
+    log.close()
+    records = _raw(tmp_path / "log")
+    assert records[0]["kind"] == "log_evicted" and records[0]["reason"] == "backlog events=90"
+    assert [r["msg_id"] for r in records[1:]] == [f"m{i}" for i in range(90, 100)]
+
+
+def _flushed_part(make_log, directory, batches):
+    """Write `batches` flushes of events, leave the segment open, and return (part path, flushed msg ids)."""
+    log = make_log(directory)
+    ids = []
+    for b in range(batches):
+        for i in range(50):
+            log.emit("routed", msg_id=f"m{b}-{i}", subscriber=f"s{i % 3}", filter="a/#", qos=1)
+            ids.append(f"m{b}-{i}")
+        log.flush()
+    (part,) = [n for n in os.listdir(directory) if n.endswith(PART)]
+    return os.path.join(directory, part), ids, log
+
+
+@pytest.mark.parametrize("cut", [0.0, 0.3, 0.77, 1.0])
+def test_truncated_part_is_recovered_with_its_good_records(make_log, tmp_path, cut):
+    part, ids, log = _flushed_part(make_log, str(tmp_path / "a"), 5)
+    crashed = tmp_path / "b"
+    crashed.mkdir()
+    data = pathlib.Path(part).read_bytes()
+    (crashed / os.path.basename(part)).write_bytes(data[: int(len(data) * cut)])
+    shutil.copy(os.path.join(tmp_path / "a", ".n1.state"), crashed / ".n1.state")
+    recovered = make_log(crashed)
+    recovered.close()
+    got = [r["msg_id"] for r in _raw(crashed)]
+    assert got == ids[: len(got)]  # a clean prefix: nothing garbled, nothing reordered
+    if cut == 1.0:
+        assert got == ids  # everything flushed survives
+    assert not [n for n in os.listdir(crashed) if n.endswith(PART)]
+    assert all(read_segment(str(crashed / n)).complete for n in closed_segments(str(crashed)))
+    log.close()
+
+
+def test_garbage_after_the_last_flush_is_dropped(make_log, tmp_path):
+    part, ids, log = _flushed_part(make_log, str(tmp_path / "a"), 3)
+    crashed = tmp_path / "b"
+    crashed.mkdir()
+    (crashed / os.path.basename(part)).write_bytes(pathlib.Path(part).read_bytes() + b"\0" * 4096)
+    make_log(crashed).close()
+    assert [r["msg_id"] for r in _raw(crashed)] == ids
+    log.close()
+
+
+def test_restart_in_the_same_boot_never_reuses_an_event_id(make_log, tmp_path):
+    for run in range(3):
+        log = make_log()
+        for i in range(5):
+            log.emit("committed", msg_id=f"r{run}-{i}")
+        log.close()
+    ids = [r["event_id"] for r in _raw(tmp_path / "log")]
+    assert len(ids) == 15 and len(set(ids)) == 15
+    counters = [int(i.rsplit(":", 1)[1]) for i in ids]
+    assert counters == sorted(counters)
+
+
+def test_new_boot_restarts_counters_and_keeps_segment_age_order(make_log, tmp_path):
+    other_boot = "99999999-0000-4000-8000-000000000000"
+    first = make_log(boot_id=other_boot)
+    first.emit("node_start")
+    first.close()
+    log = make_log()
+    log.emit("node_start")
+    log.close()
+    records = _raw(tmp_path / "log")
+    assert [r["event_id"] for r in records] == [f"n1:{other_boot}:0", f"n1:{BOOT}:0"]
+
+
+def test_a_second_writer_for_the_same_node_is_refused(make_log, tmp_path):
+    make_log()
+    with pytest.raises(DeliveryLogError, match="already in use"):
+        make_log()
+    make_log(node="n2").close()  # another node may share the directory
+
+
+def test_limits_are_checked(make_log):
+    with pytest.raises(DeliveryLogError, match="at least twice"):
+        make_log(segment_bytes=1 << 20, budget_bytes=1 << 20)
+    with pytest.raises(DeliveryLogError, match="source"):
+        make_log(source="satellite")
