@@ -1,0 +1,24 @@
+"""Child process for the SIGKILL test: emits numbered events forever, printing each index once it is flushed."""
+
+import sys
+
+from appliance.deliverylog import DeliveryLog
+
+from .conftest import BOOT
+
+
+def main() -> None:
+    directory, run = sys.argv[1], sys.argv[2]
+    log = DeliveryLog(directory, fleet="f", device="d", node="n1", firmware="1", boot_id=BOOT, clock_synced=True,
+                      segment_bytes=4096, budget_bytes=1 << 30, flush_interval_s=0.01)
+    i = 0
+    while True:
+        for _ in range(37):
+            log.emit("delivered", msg_id=f"{run}-{i}", subscriber=f"s{i % 5}", attempt=1, dup=False)
+            i += 1
+        log.flush()
+        print(i - 1, flush=True)
+
+
+if __name__ == "__main__":
+    main()
