@@ -200,8 +200,11 @@ class Connection:
         """Encode a server packet after checking it is allowed now.
 
         Returns b"" when there is nothing to write: a PUBLISH larger than the client's Maximum Packet Size (drop it
-        and treat it as delivered [MQTT-3.1.2-24, MQTT-3.1.2-25]), or a DISCONNECT to a 3.1.1 client (just close).
+        and treat it as delivered [MQTT-3.1.2-24, MQTT-3.1.2-25]), a DISCONNECT to a 3.1.1 client (just close), or
+        any packet once the connection is closed (check `closed` to tell this apart). Out-of-order sends raise.
         """
+        if self.state is State.CLOSED:
+            return b""  # the connection is gone: nothing more goes out [MQTT-3.14.4-1]
         if isinstance(packet, Publish):
             props = packet.properties
             return self.send_publish(packet.topic, packet.payload, packet.qos, packet.retain, packet.dup,
@@ -264,9 +267,12 @@ class Connection:
         """Fast path for an outbound PUBLISH; `properties` from encode_publish_properties, cached per message.
 
         Assigns outbound topic aliases when the client allows them. Returns b"" if the packet exceeds the
-        client's Maximum Packet Size: drop it and treat it as delivered [MQTT-3.1.2-24, MQTT-3.1.2-25].
+        client's Maximum Packet Size: drop it and treat it as delivered [MQTT-3.1.2-24, MQTT-3.1.2-25]; also b""
+        once the connection is closed (then `closed` is True and the message stays queued for the session).
         """
         if self.state is not State.CONNECTED:
+            if self.state is State.CLOSED:
+                return b""
             self._transition(OUT, _P.PUBLISH)
         version = self.decoder.protocol_version or 4
         alias = None
