@@ -1,0 +1,40 @@
+"""Behaviour of the benchmark harness (not a timing test): `bench.run --quick` against mosquitto yields every row."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.run import WORKLOADS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists(),
+                    reason="mosquitto is installed by scripts/setup.sh")
+def test_quick_run_against_mosquitto_prints_every_row_and_writes_json(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--brokers", "mosquitto", "--out",
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split() for line in res.stdout.splitlines()[2:] if line.strip()]
+    shown = {(r[0], r[1], r[3]) for r in rows}  # workload, metric, broker
+    for w in WORKLOADS.values():
+        for metric, _unit in w.metrics:
+            if metric in ("commit_batch_mean", "fsyncs_per_s"):
+                continue  # only our broker exports store counters
+            assert (w.name, metric, "mosquitto") in shown, f"missing row {w.name}/{metric}"
+    vs_mosq = {r[6] for r in rows if r[1] == "delivered_rate"}
+    assert vs_mosq == {"1"}, "the baseline's ratio to itself must print as 1"
+    for w in WORKLOADS:
+        files = list(tmp_path.glob(f"{w}-*.json"))
+        assert len(files) == 1
+        data = json.loads(files[0].read_text())
+        assert data["quick"] is True
+        assert [r["broker"] for r in data["raw"]] == ["mosquitto"]
+        assert "error" not in data["raw"][0], data["raw"][0]
+    assert "error" not in res.stderr.lower(), res.stderr
