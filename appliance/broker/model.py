@@ -21,6 +21,7 @@ class Message:
     created: float  # wall clock, seconds since the epoch
     expiry_at: float | None = None  # wall clock deadline from Message Expiry Interval
     properties: Properties = field(default_factory=Properties)  # publication props: no alias, no sub ids
+    wire_properties: bytes | None = field(default=None, compare=False)  # encoded once by the first sender
 
 
 class DeliveryState(IntEnum):

@@ -116,6 +116,8 @@ class Connection:
                 raise ProtocolError("data received after the connection closed [MQTT-3.14.4-1]")
             return []
         try:
+            if self.state is State.AWAIT_CONNECT and data and data[0] != 0x10 and not self.decoder.buffered:
+                raise ProtocolError(f"first byte 0x{data[0]:02x} is not CONNECT [MQTT-3.1.0-1]")
             packets = self.decoder.feed(data)
             for packet in packets:
                 if type(packet) is Publish and self.state is State.CONNECTED:

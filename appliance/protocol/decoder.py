@@ -292,6 +292,11 @@ class Decoder:
         self._have = 0
         self._need = 0
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held from an incomplete packet."""
+        return self._have if self._chunks else 0
+
     def feed(self, data: bytes) -> list[Packet]:
         """Add bytes; return every packet now complete. Raises MQTTError subclasses only."""
         if self._chunks:
@@ -323,22 +328,13 @@ class Decoder:
             first = buf[pos]
             # Remaining Length: up to four bytes [MQTT-2.1.4, MQTT-1.5.5-1].
             p = pos + 1
-            remaining = 0
-            shift = 0
-            while True:
-                if p >= end:
-                    if p - pos > 4:
-                        raise MalformedPacket("remaining length longer than four bytes [MQTT-1.5.5-1]")
-                    self._need = p - pos + 1
-                    return pos
-                byte = buf[p]
-                remaining |= (byte & 0x7F) << shift
+            if p < end and buf[p] < 128:  # one-byte Remaining Length: the common case
+                remaining = buf[p]
                 p += 1
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift == 28:
-                    raise MalformedPacket("remaining length longer than four bytes [MQTT-1.5.5-1]")
+            else:
+                remaining, p = self._remaining_length(buf, pos, end)
+                if p < 0:
+                    return pos
             total = p - pos + remaining
             if limit is not None and total > limit:
                 raise PacketTooLarge(f"packet of {total} bytes exceeds the maximum of {limit} [MQTT-3.2.2-15]")
@@ -346,15 +342,31 @@ class Decoder:
             if pend > end:
                 self._need = total
                 return pos
-            ptype = first >> 4
-            version = self.protocol_version
-            if ptype == 3 and version is not None:
-                out.append(self._publish(first, buf, p, pend, version == MQTT_5))
+            if first >> 4 == 3 and self.protocol_version is not None:
+                out.append(self._publish(first, buf, p, pend, self.protocol_version == MQTT_5))
             else:
                 out.append(self._other(first, buf, p, pend))
             pos = pend
         self._need = 0
         return pos
+
+    def _remaining_length(self, buf: bytes, pos: int, end: int) -> tuple[int, int]:
+        """Remaining Length at pos+1 (up to four bytes [MQTT-2.1.4, MQTT-1.5.5-1]); p = -1 if more bytes are needed."""
+        p = pos + 1
+        remaining = 0
+        shift = 0
+        while True:
+            if p >= end:
+                self._need = p - pos + 1
+                return 0, -1
+            byte = buf[p]
+            remaining |= (byte & 0x7F) << shift
+            p += 1
+            if not byte & 0x80:
+                return remaining, p
+            shift += 7
+            if shift == 28:
+                raise MalformedPacket("remaining length longer than four bytes [MQTT-1.5.5-1]")
 
     def _publish(self, first: int, buf: bytes, p: int, pend: int, v5: bool) -> Publish:
         """PUBLISH fast path: no Reader, no property machinery when the property length is 0."""

@@ -13,7 +13,6 @@ from appliance.protocol.codec import encode_publish_properties
 from appliance.protocol.connection import Connection
 from appliance.protocol.errors import MQTTError
 from appliance.protocol.packets import MQTT_5, Connack, Connect, Disconnect, Packet, Properties
-from appliance.protocol.properties import has_properties
 from appliance.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -99,6 +98,10 @@ class ClientProtocol(asyncio.Protocol):
                 log.info("%s %s: %s", self.peer, session.client_id, exc)
                 self._fail(exc.reason_code)
                 return
+            except Exception:  # a bug must cost one connection, never the node
+                log.exception("%s %s: internal error handling %s", self.peer, session.client_id, type(packet).__name__)
+                self._fail(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Detach from the session: will and expiry rules apply."""
@@ -173,12 +176,13 @@ class ClientProtocol(asyncio.Protocol):
         v5 = self.protocol_version == MQTT_5
         props = b""
         if v5:
-            mp = message.properties
             if message.expiry_at is not None:
                 remaining = max(0, int(message.expiry_at - self.node.clock()))  # [MQTT-3.3.2-6]
-                props = encode_publish_properties(_with_expiry(mp, remaining))
-            elif has_properties(mp):
-                props = encode_publish_properties(mp)
+                props = encode_publish_properties(_with_expiry(message.properties, remaining))
+            else:
+                props = message.wire_properties
+                if props is None:
+                    props = message.wire_properties = encode_publish_properties(message.properties)
         data = self.conn.send_publish(
             message.topic, message.payload, qos, retain, dup, packet_id, props, subscription_ids
         )
