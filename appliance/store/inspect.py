@@ -13,7 +13,7 @@ import sqlite_utils
 from .errors import StoreError
 from .schema import check_integrity, latest_version, schema_version
 
-DB_FILE_NAME = "store.sqlite3"
+DB_FILE_NAME = "broker.db"  # the node keeps its store at DATA_DIR/broker.db
 TABLES = ("sessions", "subscriptions", "queue", "retained", "incoming_qos2", "meta")
 MAX_SESSIONS_LISTED = 50
 
@@ -101,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--data-dir", type=Path, help="the node's data directory")
     where.add_argument("--db", type=Path, help="a store file")
     parser.add_argument("--full", action="store_true", help="PRAGMA integrity_check instead of quick_check")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["inspect"]:  # `appliance store inspect ...` hands over everything after `store`
+        argv = argv[1:]
     args = parser.parse_args(argv)
     target = args.db if args.db is not None else db_path(args.data_dir)
     try:

@@ -33,6 +33,7 @@ from appliance.broker.model import Delivery, DeliveryState, Message, SessionReco
 from appliance.broker.ports import Snapshot
 
 from . import batch as ops
+from .checkpoint import Checkpointer
 from .errors import StoreError
 from .loader import load_snapshot
 from .rows import session_row, subscription_row
@@ -40,6 +41,8 @@ from .schema import connect, prepare
 from .stats import CommitStats
 
 FatalHandler = Callable[[StoreError], Any]
+CHECKPOINT_EVERY_COMMITS = 64
+WAL_SIZE_LIMIT = 64 * 2**20  # bytes the WAL file is truncated to when it is reset
 
 
 class SqliteStore:
@@ -71,6 +74,9 @@ class SqliteStore:
         self._opened = False
         self._failure: StoreError | None = None
         self._stats = CommitStats()
+        self._checkpointer = Checkpointer(self.path)
+        self._commits_since_poke = 0
+        self._wal_restarts = 0
         self.schema_version = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -107,11 +113,14 @@ class SqliteStore:
                 self._loop = None  # no loop: callbacks run on the writer thread
         conn = connect(self.path)
         try:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints run on the Checkpointer's thread
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
             for name, value in self._pragmas.items():
                 conn.execute(f"PRAGMA {name} = {value!r}" if isinstance(value, str) else f"PRAGMA {name} = {value}")
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(f"cannot configure the database: {exc}", path=str(self.path)) from exc
+        self._checkpointer.start()
         self._thread = threading.Thread(target=self._run, args=(conn,), name="store-writer", daemon=True)
         self._thread.start()
 
@@ -126,6 +135,7 @@ class SqliteStore:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._checkpointer.stop()
         if self._refusal is None:
             self._refusal = StoreError("store is closed", path=str(self.path))
 
@@ -141,7 +151,12 @@ class SqliteStore:
 
     def stats(self) -> dict[str, float]:
         """commits, ops, ops_elided, callbacks, batch_last/mean/max, commit_latency_mean/p99/max_ms, fsyncs_per_s..."""
-        return self._stats.snapshot(len(self._pending), self._failure is not None)
+        out = self._stats.snapshot(len(self._pending), self._failure is not None)
+        out["checkpoints"] = float(self._checkpointer.checkpoints)
+        out["checkpoint_errors"] = float(self._checkpointer.errors)
+        out["wal_frames"] = float(self._checkpointer.wal_frames)
+        out["wal_restarts"] = float(self._wal_restarts)
+        return out
 
     # -- Store protocol: writes (queued, never blocking) ------------------------------------------------------
 
@@ -290,7 +305,23 @@ class SqliteStore:
             self._stats.record_callbacks_only(len(callbacks))
         if callbacks:
             self._release(callbacks)
+        if writes:
+            self._after_commit_housekeeping(conn)
         return True
+
+    def _after_commit_housekeeping(self, conn: sqlite3.Connection) -> None:
+        """Poke the checkpointer now and then; if the WAL outgrows passive checkpoints, restart it here."""
+        self._commits_since_poke += 1
+        if self._commits_since_poke >= CHECKPOINT_EVERY_COMMITS:
+            self._commits_since_poke = 0
+            self._checkpointer.poke()
+        if self._checkpointer.backlog_high:
+            self._checkpointer.wal_frames = 0
+            try:
+                conn.execute("PRAGMA wal_checkpoint(RESTART)")
+                self._wal_restarts += 1
+            except sqlite3.Error:
+                pass  # busy or failing: the data stays safe in the WAL; the next commit reports real trouble
 
     def _release(self, callbacks: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
         loop = self._loop

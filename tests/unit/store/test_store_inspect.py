@@ -30,7 +30,7 @@ def populated(data_dir):
 
 def test_report_lists_counts_and_queue_depths(tmp_path, capsys):
     populated(tmp_path)
-    assert main(["--data-dir", str(tmp_path)]) == 0
+    assert main(["inspect", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"schema version: {latest_version()}" in out
     assert "integrity (quick_check): ok" in out
@@ -79,3 +79,11 @@ def test_inspect_does_not_create_a_file(tmp_path):
     with pytest.raises(StoreError, match="no store file"):
         inspect(tmp_path / "absent.sqlite3")
     assert not (tmp_path / "absent.sqlite3").exists()
+
+
+def test_cli_store_inspect_subcommand(tmp_path, capsys):
+    from appliance.cli import main as cli_main
+
+    populated(tmp_path)
+    assert cli_main(["store", "inspect", "--data-dir", str(tmp_path)]) == 0
+    assert "queue          8" in capsys.readouterr().out
