@@ -94,16 +94,12 @@ def encode_publish(
         first |= 8
     if version == MQTT_5:
         if subscription_ids or topic_alias is not None:
-            extra = bytearray(properties)
             for sub_id in subscription_ids:
                 if not 1 <= sub_id <= MAX_VARINT:
                     raise ProtocolError(f"subscription identifier {sub_id} out of range [MQTT-3.8.2.1.2]")
-                extra.append(0x0B)
-                extra += encode_varint(sub_id)
+                properties += b"\x0b" + (_SMALL[sub_id] if sub_id < 128 else encode_varint(sub_id))
             if topic_alias is not None:
-                extra.append(0x23)
-                extra += encode_u16(topic_alias)
-            properties = bytes(extra)
+                properties += b"\x23" + (U16[topic_alias] if 0 <= topic_alias < 256 else encode_u16(topic_alias))
         plen = len(properties)
         props = (_SMALL[plen] if plen < 128 else encode_varint(plen)) + properties if plen else b"\x00"
     else:
