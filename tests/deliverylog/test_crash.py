@@ -15,9 +15,10 @@ from .conftest import BOOT
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run_and_kill(directory, run, rng):
+def _run_and_kill(directory, run, segment_bytes, rng):
     """Start the child, let it write for a random while, SIGKILL it; return the last index it reported flushed."""
-    child = subprocess.Popen([sys.executable, "-m", "tests.deliverylog.crash_child", directory, run], cwd=ROOT,
+    child = subprocess.Popen([sys.executable, "-m", "tests.deliverylog.crash_child", directory, run,
+                              str(segment_bytes)], cwd=ROOT,
                              stdout=subprocess.PIPE, text=True)
     last = -1
     first_line = child.stdout.readline()  # writing has started
@@ -41,7 +42,8 @@ def test_sigkill_during_writing_loses_nothing_flushed_and_duplicates_nothing(tmp
     reported = {}
     for n in range(5):
         run = f"r{n}"
-        reported[run] = _run_and_kill(directory, run, rng)
+        # small segments rotate under the kills; the last run's single large segment is always open when killed
+        reported[run] = _run_and_kill(directory, run, 4096 if n < 4 else 1 << 24, rng)
     parts_left = [n for n in os.listdir(directory) if n.endswith(PART)]
     assert parts_left, "the last kill must leave an open segment to recover"
     DeliveryLog(directory, fleet="f", device="d", node="n1", firmware="1", boot_id=BOOT).close()  # recovers
