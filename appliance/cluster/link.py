@@ -118,6 +118,7 @@ class LinkCore:
         self.timeout = timeout
         self.state = LinkState.HANDSHAKE
         self.peer_id: str | None = None
+        self.claimed_peer: str | None = None  # the node id the peer's Hello named, even if refused
         self.peer_incarnation = 0
         self.rtt: float | None = None
         self.last_received = now
@@ -211,6 +212,7 @@ class LinkCore:
         if self._peer_nonce is None:
             if not isinstance(msg, Hello):
                 raise AuthFailed(f"expected Hello, got {type(msg).__name__}")
+            self.claimed_peer = msg.node_id
             self._check_hello(msg)
             self.peer_id = msg.node_id
             self.peer_incarnation = msg.incarnation

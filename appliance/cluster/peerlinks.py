@@ -204,6 +204,11 @@ class PeerLinks:
         if peer.dialler is None or peer.dialler.done():
             peer.dialler = self._spawn(self._async_dial_loop(peer))
 
+    def async_add_seed(self, host: str, port: int) -> None:
+        """Keep a link to whatever cluster member answers at host:port (static seed; our own address is skipped)."""
+        if not self._stopping:
+            self._spawn(self._async_seed_loop(host, port))
+
     def async_remove_peer(self, peer_id: str) -> None:
         """Forget a peer: stop dialling it (an existing link stays until it fails or the peer leaves). Loop only."""
         peer = self._peers.get(peer_id)
@@ -292,6 +297,31 @@ class PeerLinks:
             peer.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(peer.wake.wait(), delay)  # a new address wakes us early
+
+    async def _async_seed_loop(self, host: str, port: int) -> None:
+        """Dial a seed address without knowing its node id; redial whenever the member found there is not up."""
+        attempt = 0
+        learned: str | None = None
+        while not self._stopping:
+            if learned is not None and self.is_up(learned):
+                attempt = 0
+                await asyncio.sleep(self.heartbeat_interval)
+                continue
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.connect_timeout)
+            except (OSError, TimeoutError) as exc:
+                _LOG.debug("dial seed %s:%s failed: %s", host, port, exc)
+            else:
+                conn = _Connection(self, reader, writer, initiator=True, expected_peer=None)
+                await asyncio.wait({self._spawn(conn.async_run())})
+                if conn.core.claimed_peer == self.node_id:
+                    return  # the seed list names this node itself
+                if conn.dialled_by:
+                    learned = conn.core.peer_id
+                if learned is not None and self.is_up(learned):
+                    continue
+            attempt += 1
+            await asyncio.sleep(random.uniform(0, min(self.backoff_max, self.backoff_initial * 2 ** min(attempt, 16))))
 
     def _connection_authenticated(self, conn: _Connection, event: Authenticated) -> bool:
         """Make `conn` the peer's link unless a better one exists; False = drop `conn`."""

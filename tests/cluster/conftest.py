@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.harness.fixtures import netns_lab  # noqa: F401  (the shared namespace-lab fixture)
+
 LOOP_BLOCK_LIMIT = 0.5  # seconds one callback may hold the event loop
 
 

@@ -1,0 +1,1 @@
+"""Shared multi-node test harness: network namespaces, real processes, faults (see netns.py)."""
