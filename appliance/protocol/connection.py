@@ -82,6 +82,8 @@ class Connection:
         self._inbound_aliases: dict[int, str] = {}
         self._outbound_aliases: dict[str, int] = {}
         self.error: MQTTError | None = None  # the first protocol error received, if any
+        self._maximum_qos = 2  # as announced in our CONNACK [MQTT-3.2.2-11]
+        self._retain_available = True  # as announced in our CONNACK [MQTT-3.2.2-14]
 
     @property
     def protocol_version(self) -> int | None:
@@ -182,6 +184,12 @@ class Connection:
                 props.topic_alias = None  # the broker always sees the real topic
             if props.subscription_identifiers:
                 raise ProtocolError("a client PUBLISH must not carry a Subscription Identifier [MQTT-3.3.4-6]")
+            if packet.qos > self._maximum_qos:
+                raise MQTTError(f"QoS {packet.qos} above the Maximum QoS {self._maximum_qos} [MQTT-3.2.2-11]",
+                                ReasonCode.QOS_NOT_SUPPORTED)
+            if packet.retain and not self._retain_available:
+                raise MQTTError("RETAIN set though Retain Available is 0 [MQTT-3.2.2-14]",
+                                ReasonCode.RETAIN_NOT_SUPPORTED)
         if packet.qos:
             inflight = self.inbound_inflight
             packet_id = packet.packet_id
@@ -223,6 +231,9 @@ class Connection:
             raise ProtocolError("AUTH to a client that did not ask for enhanced authentication [MQTT-4.12.0-6]")
         elif isinstance(packet, _RELEASES_INBOUND) or (isinstance(packet, Pubrec) and packet.reason_code >= 0x80):
             self.inbound_inflight.discard(packet.packet_id)
+        if (self.connect is not None and self.connect.properties.request_problem_information == 0
+                and ptype not in (_P.CONNACK, _P.DISCONNECT)):
+            packet = _without_diagnostics(packet)  # [MQTT-3.1.2-29]
         data = encode(packet, version)
         limit = self.client_maximum_packet_size
         if limit is not None and len(data) > limit:
@@ -232,12 +243,9 @@ class Connection:
 
     def _shrink(self, packet: Packet, version: int, limit: int) -> bytes:
         """Drop Reason String and User Properties to fit the client's limit [MQTT-3.1.2-25 and per-packet rules]."""
-        props = getattr(packet, "properties", None)
-        if isinstance(props, Properties):
-            slim = replace(props, reason_string=None, user_properties=[])
-            data = encode(replace(packet, properties=slim), version)  # type: ignore[arg-type]
-            if len(data) <= limit:
-                return data
+        data = encode(_without_diagnostics(packet), version)
+        if len(data) <= limit:
+            return data
         raise PacketTooLarge(f"{type(packet).__name__} does not fit the client's Maximum Packet Size {limit}")
 
     def _prepare_connack(self, packet: Connack, version: int) -> tuple[Connack, State]:
@@ -246,7 +254,7 @@ class Connection:
         if version != MQTT_5:
             return packet, State.CONNECTED
         props = packet.properties
-        fill = {}
+        fill: dict[str, int | None] = {}
         if props.receive_maximum is None and self.receive_maximum != 65_535:
             fill["receive_maximum"] = self.receive_maximum
         if props.topic_alias_maximum is None and self.topic_alias_maximum:
@@ -257,8 +265,17 @@ class Connection:
             self.receive_maximum = props.receive_maximum
         if props.topic_alias_maximum is not None:
             self.topic_alias_maximum = props.topic_alias_maximum
+        if props.maximum_packet_size is not None:
+            self.max_packet_size = self.decoder.max_packet_size = props.maximum_packet_size
         if props.server_keep_alive is not None:
             self.keepalive = props.server_keep_alive  # the client must use the server's value [MQTT-3.2.2-21]
+        if props.maximum_qos is not None:
+            self._maximum_qos = props.maximum_qos
+        if props.retain_available == 0:
+            self._retain_available = False
+        if props.response_information is not None and self.connect is not None \
+                and self.connect.properties.request_response_information != 1:
+            fill["response_information"] = None  # only sent when asked for [MQTT-3.1.2-28]
         if fill:
             packet = replace(packet, properties=replace(props, **fill))  # type: ignore[arg-type]
         return packet, State.CONNECTED
@@ -326,3 +343,11 @@ class Connection:
         return None
 
 
+
+
+def _without_diagnostics(packet: Packet) -> Packet:
+    """A copy of `packet` without Reason String and User Properties (the caller's object is left alone)."""
+    props = getattr(packet, "properties", None)
+    if not isinstance(props, Properties) or (props.reason_string is None and not props.user_properties):
+        return packet
+    return replace(packet, properties=replace(props, reason_string=None, user_properties=[]))  # type: ignore[arg-type]

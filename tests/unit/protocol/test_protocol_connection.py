@@ -416,3 +416,43 @@ def test_server_may_not_send_client_packets(packet):
     _client, conn = pair(MQTT_5)
     with pytest.raises(ProtocolError):
         conn.send(packet)
+
+
+def test_publish_above_announced_maximum_qos_is_0x9b_MQTT_3_2_2_11():
+    client, conn = pair(MQTT_5, accept=False)
+    conn.send(Connack(properties=Properties(maximum_qos=1)))
+    assert conn.receive_data(client.wire(Publish("t", b"", 1, packet_id=1)))
+    err = error_of(conn, client.wire(Publish("t", b"", 2, packet_id=2)))
+    assert err.reason_code == ReasonCode.QOS_NOT_SUPPORTED
+    assert client.read(conn.error_disconnect(err)) == [Disconnect(ReasonCode.QOS_NOT_SUPPORTED)]
+
+
+def test_retained_publish_when_retain_unavailable_is_0x9a_MQTT_3_2_2_14():
+    client, conn = pair(MQTT_5, accept=False)
+    conn.send(Connack(properties=Properties(retain_available=0)))
+    err = error_of(conn, client.wire(Publish("t", b"", retain=True)))
+    assert err.reason_code == ReasonCode.RETAIN_NOT_SUPPORTED
+
+
+def test_no_reason_string_when_problem_information_is_off_MQTT_3_1_2_29():
+    client, conn = pair(MQTT_5, Properties(request_problem_information=0))
+    conn.receive_data(client.wire(Publish("t", b"", 1, packet_id=1)))
+    diag = Properties(reason_string="why", user_properties=[("a", "b")])
+    assert client.read(conn.send(Puback(1, ReasonCode.NOT_AUTHORIZED, diag))) == [Puback(1, 0x87)]
+    [disconnect] = client.read(conn.send(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN, diag)))
+    assert disconnect.properties.reason_string == "why"  # DISCONNECT may still carry it
+
+
+def test_response_information_only_when_requested_MQTT_3_1_2_28():
+    client, conn = pair(MQTT_5, accept=False)
+    [connack] = client.read(conn.send(Connack(properties=Properties(response_information="resp/"))))
+    assert connack.properties.response_information is None
+    client, conn = pair(MQTT_5, Properties(request_response_information=1), accept=False)
+    [connack] = client.read(conn.send(Connack(properties=Properties(response_information="resp/"))))
+    assert connack.properties.response_information == "resp/"
+
+
+def test_connack_maximum_packet_size_is_enforced_inbound():
+    client, conn = pair(MQTT_5, accept=False, max_packet_size=1000)
+    conn.send(Connack(properties=Properties(maximum_packet_size=50)))
+    assert isinstance(error_of(conn, client.wire(Publish("t", b"x" * 60))), PacketTooLarge)
