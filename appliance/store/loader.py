@@ -36,7 +36,7 @@ def load_snapshot(conn: sqlite3.Connection) -> Snapshot:
         messages: dict[str, Message] = {}  # one Message object per msg_id across all queues (fan-out)
         properties: dict[str | None, Properties] = {}  # one Properties object per distinct serialised form
         sub_ids: dict[str, tuple[int, ...]] = {}
-        states = tuple(DeliveryState)
+        states = {int(state): state for state in DeliveryState}
         current_client: str | None = None
         current: list[Delivery] = []
         append = current.append

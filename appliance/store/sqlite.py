@@ -145,6 +145,11 @@ class SqliteStore:
         await asyncio.sleep(0)
 
     @property
+    def pending(self) -> int:
+        """Operations queued and not yet taken by the writer (cheap enough for per-message back-pressure checks)."""
+        return len(self._pending)
+
+    @property
     def failure(self) -> StoreError | None:
         """The fatal write error, once one happened."""
         return self._failure
