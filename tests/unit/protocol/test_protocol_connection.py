@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.protocol import (
     MQTT_5,
@@ -33,6 +35,8 @@ from appliance.protocol import (
     encode,
     encode_publish_properties,
 )
+
+from .strategies import packets
 
 
 class Client:
@@ -456,3 +460,37 @@ def test_connack_maximum_packet_size_is_enforced_inbound():
     client, conn = pair(MQTT_5, accept=False, max_packet_size=1000)
     conn.send(Connack(properties=Properties(maximum_packet_size=50)))
     assert isinstance(error_of(conn, client.wire(Publish("t", b"x" * 60))), PacketTooLarge)
+
+
+_CLIENT_PACKETS = {v: st.one_of([s for name, s in packets(v).items()
+                                 if name not in ("CONNACK", "SUBACK", "UNSUBACK", "PINGRESP")] +
+                                [packets(v)["CONNACK"]])  # one server packet type, to hit refusals too
+                   for v in (MQTT_311, MQTT_5)}
+
+
+@pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_client_sequence_yields_packets_or_an_mqtt_error(version, data):
+    """Whatever a client sends, receive_data returns packets or raises MQTTError; the answer always decodes."""
+    client = Client(version)
+    conn = Connection(receive_maximum=data.draw(st.integers(1, 3)), topic_alias_maximum=data.draw(st.integers(0, 3)))
+    sequence = data.draw(st.lists(_CLIENT_PACKETS[version], max_size=6))
+    if data.draw(st.booleans()):
+        sequence.insert(0, Connect("c", version))
+    for packet in sequence:
+        try:
+            events = conn.receive_data(client.wire(packet))
+        except MQTTError as err:
+            answer = conn.error_disconnect(err)
+            if answer is not None:
+                [reply] = Decoder(None, version).feed(answer)
+                assert isinstance(reply, (Connack, Disconnect))
+                assert reply.reason_code >= 0x80
+            assert conn.closed
+            return
+        for event in events:
+            if isinstance(event, Connect):
+                client.read(conn.send(Connack()))
+            elif isinstance(event, Publish) and event.qos == 1:
+                client.read(conn.send(Puback(event.packet_id)))
