@@ -24,9 +24,10 @@ BROKER_CPU, LOADGEN_CPU = "0", "1"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 60.0  # mosquitto writes its persistence file on SIGTERM
 ALL = ("ours", "mosquitto", "mosquitto-nodrop", "amqtt")
-# mosquitto's defaults (max_inflight_messages 20, max_queued_messages 1000) silently drop QoS1 messages for a slow
-# subscriber; 0 means "no limit" for both. This is the comparison the targets are set against.
-NODROP = "max_queued_messages 0\nmax_inflight_messages 0\n"
+# mosquitto's default max_queued_messages 1000 silently drops QoS1 messages for a slow subscriber (and caps what a
+# persistent session keeps across a restart); 0 means "no limit". Measured here: `max_queued_messages 0` alone gives
+# zero drops and the best QoS1 rate; adding `max_inflight_messages 0` also gives zero drops but was slower.
+NODROP = "max_queued_messages 0\n"
 
 
 def free_port() -> int:
@@ -186,10 +187,10 @@ def store_figures(before: dict[str, float], after: dict[str, float], seconds: fl
 
     commits, ops = delta("store_commits_total"), delta("store_ops_total")
     out: dict[str, float] = {}
-    if commits:
+    if commits is not None:
         out["fsyncs_per_s"] = commits / seconds if seconds > 0 else float("nan")
         if ops is not None:
-            out["commit_batch_mean"] = ops / commits
+            out["commit_batch_mean"] = ops / commits if commits else 0.0
     for k, v in after.items():
         if "commit_batch_size" in k and 'stat="max"' in k:
             out["commit_batch_max"] = v

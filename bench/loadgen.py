@@ -28,9 +28,13 @@ class Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     split: wire.Reader = field(default_factory=wire.Reader)
+    pending: list[tuple[int, memoryview]] = field(default_factory=list)  # read along with an awaited packet
 
     async def packets(self, timeout: float) -> list[tuple[int, memoryview]]:
-        """The complete packets in the next read ([] on EOF)."""
+        """Packets left over from expect(), else the complete packets in the next read ([] on EOF)."""
+        if self.pending:
+            out, self.pending = self.pending, []
+            return out
         data = await asyncio.wait_for(self.reader.read(262144), timeout)
         if not data:
             return []
@@ -46,8 +50,10 @@ class Conn:
             data = await asyncio.wait_for(self.reader.read(65536), left)
             if not data:
                 raise ConnectionError(f"closed while waiting for packet type {ptype}")
-            for first, body in self.split.feed(data):
+            pkts = self.split.feed(data)
+            for k, (first, body) in enumerate(pkts):
                 if first >> 4 == ptype:
+                    self.pending += pkts[k + 1 :]  # e.g. queued PUBLISHes right behind the CONNACK
                     return body
 
     def close(self) -> None:
