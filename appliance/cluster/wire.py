@@ -269,13 +269,14 @@ class ForwardAck(ClusterMessage):
 
 @dataclass(frozen=True, slots=True)
 class Digest(ClusterMessage):
-    """Anti-entropy: the sender's version vector for each key of `space`; `final` marks the last chunk."""
+    """Anti-entropy: the sender's version vector per key of `space`, and keys it garbage-collected lately."""
 
     TYPE = 0x20
-    FIELDS = ("str", "vvs", "bool")
+    FIELDS = ("str", "vvs", "bool", "vvs")
     space: str
     entries: tuple[tuple[str, VersionVector], ...]
-    final: bool = True
+    final: bool = True  # the last chunk of this digest round
+    collected: tuple[tuple[str, VersionVector], ...] = ()  # tombstones dropped, with the vector they had
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ def all_messages() -> list[wire.ClusterMessage]:
         wire.Forward(1, sample_message(), ("c1", "c2")),
         wire.Forward(2**40, sample_message(qos=0, retain=False, expiry_at=None, properties=Properties())),
         wire.ForwardAck(99),
-        wire.Digest("subs", (("c1", {"n1": 3, "n2": 1}), ("c2", {})), final=False),
+        wire.Digest("subs", (("c1", {"n1": 3, "n2": 1}), ("c2", {})), final=False, collected=(("c3", {"n2": 9}),)),
         wire.RepairRequest("retained", ("t/1", "t/2")),
         wire.Repair("subs", (("c1", clock),)),
         wire.SessionTakeover(5, "client-ü", "n3", True),
@@ -82,7 +82,7 @@ def test_decoder_never_crashes_on_garbage(data: bytes) -> None:
         (wire.encode(wire.ForwardAck(1))[:-1] + b"\x81", "truncated integer"),
         (b"\x00\x00\x00\x03\x11\x01\x00", "trailing bytes"),
         (b"\x00\x00\x00\x03\x05\x01\xff", "not UTF-8"),
-        (b"\x00\x00\x00\x04\x20\x00\x00\x02", "neither 0 nor 1"),
+        (b"\x00\x00\x00\x05\x20\x00\x00\x02\x00", "neither 0 nor 1"),
     ],
 )
 def test_bad_frames_are_refused_with_a_reason(frame: bytes, why: str) -> None:
