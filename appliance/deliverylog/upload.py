@@ -104,6 +104,8 @@ class S3Target:
             connect_timeout=cfg.timeout,
             read_timeout=cfg.timeout,
             s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",  # plain Content-MD5 PUTs, which any S3 clone takes
+            response_checksum_validation="when_required",
         )
         self.client = session.client("s3", endpoint_url=cfg.endpoint or None, config=config)
 
@@ -209,10 +211,10 @@ def object_key(prefix: str, segment_name: str, record: dict[str, Any]) -> str:
 class Uploader:
     """One pass over the closed segments, oldest first, each retried with exponential backoff."""
 
-    def __init__(self, cfg: UploadConfig, target: Target, out: Any = sys.stdout) -> None:
+    def __init__(self, cfg: UploadConfig, target: Target, out: Any = None) -> None:
         self.cfg = cfg
         self.target = target
-        self.out = out
+        self.out = out if out is not None else sys.stdout
         self.stopping = False
 
     def sleep(self, seconds: float) -> None:
