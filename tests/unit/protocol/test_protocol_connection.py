@@ -469,7 +469,7 @@ _CLIENT_PACKETS = {v: st.one_of([s for name, s in packets(v).items()
 
 
 @pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_client_sequence_yields_packets_or_an_mqtt_error(version, data):
     """Whatever a client sends, receive_data returns packets or raises MQTTError; the answer always decodes."""

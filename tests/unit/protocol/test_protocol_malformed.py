@@ -198,7 +198,7 @@ def _only_mqtt_errors(decoder: Decoder, data: bytes) -> None:
         pass
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=64), version=st.sampled_from([None, MQTT_311, MQTT_5]),
        limit=st.none() | st.integers(2, 64))
 def test_random_bytes_raise_only_mqtt_errors(data, version, limit):
@@ -227,7 +227,7 @@ def mutate(wire: bytes, mutations: list[tuple[str, int, int]]) -> bytes:
 
 
 @pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
-@settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_valid_packets_raise_only_mqtt_errors(version, data):
     stream = data.draw(st.lists(_ANY[version], min_size=1, max_size=3))

@@ -173,7 +173,7 @@ def test_topic_matches_spec_examples_MQTT_4_7(topic_filter, topic, expected):
 _level = st.text(st.sampled_from("ab$"), min_size=0, max_size=3)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(levels=st.lists(_level, min_size=1, max_size=5), data=st.data())
 def test_wildcards_derived_from_a_topic_match_it(levels, data):
     """Replacing levels by '+' or a tail by '#' still matches, except leading wildcards on `$` topics."""

@@ -12,7 +12,7 @@ from .strategies import any_packet, packets
 
 PACKETS = {v: packets(v) for v in (MQTT_311, MQTT_5)}
 ANY = {v: any_packet(v) for v in (MQTT_311, MQTT_5)}
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CASES = [(v, name) for v in (MQTT_311, MQTT_5) for name in PACKETS[v]]
 
 
