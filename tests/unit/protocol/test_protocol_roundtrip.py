@@ -67,3 +67,16 @@ def test_max_size_remaining_length_boundaries():
     for size in (0, 120, 121, 122, 16_370, 16_380, 16_400, 2_097_140, 2_097_160):
         packet = Publish("t", b"p" * size)
         assert Decoder(None, MQTT_311).feed(encode(packet, MQTT_311)) == [packet]
+
+
+def test_large_packet_in_many_chunks_then_more_packets():
+    """A 200 kB PUBLISH fed in 1000-byte chunks, with a PINGREQ glued to its tail, decodes once and in order."""
+    from appliance.protocol import Pingreq, Publish
+
+    big = Publish("big/topic", bytes(range(256)) * 800, 1, packet_id=42)
+    wire = encode(big, MQTT_5) + encode(Pingreq(), MQTT_5)
+    decoder = Decoder(None, MQTT_5)
+    got = []
+    for start in range(0, len(wire), 1000):
+        got += decoder.feed(wire[start : start + 1000])
+    assert got == [big, Pingreq()]
