@@ -55,3 +55,8 @@ def make_log(tmp_path):
             log.close()
         except Exception:
             pass
+
+
+from tests.support.fixtures import broker  # noqa: E402 - real brokers (ours and mosquitto) for the receipt tests
+
+__all__ = ["BOOT", "SAMPLES", "broker", "make_log"]
