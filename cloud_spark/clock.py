@@ -1,0 +1,43 @@
+"""Clock transforms: one wall-clock offset per boot, so every event gets a comparable time `ts_us`."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+BOOT_KEY = ("fleet", "node", "boot_id")
+STEP_THRESHOLD_US = 1_000_000
+
+
+def boot_clocks(events: DataFrame, step_threshold_us: int = STEP_THRESHOLD_US) -> DataFrame:
+    """Per boot: the wall-minus-monotonic offset to trust, whether it ever synced, and whether the wall clock stepped.
+
+    The offset is the one seen at the boot's first NTP-synced event; a boot that never synced keeps the offset of its
+    last event and is flagged. `offset_span_us` (max - min offset) above the threshold means the wall clock jumped.
+    """
+    offset = F.col("ts_wall_us") - F.col("ts_mono_us")
+    synced = F.col("clock_synced")
+    return (events.groupBy(*BOOT_KEY).agg(
+        F.count(F.lit(1)).alias("events"),
+        F.sum(F.when(~synced, 1).otherwise(0)).alias("unsynced_events"),
+        F.min_by(F.when(synced, offset), F.when(synced, F.col("ts_mono_us"))).alias("synced_offset"),
+        F.max_by(offset, F.col("ts_mono_us")).alias("last_offset"),
+        (F.max(offset) - F.min(offset)).alias("offset_span_us"),
+        F.min("ts_mono_us").alias("first_mono_us"), F.max("ts_mono_us").alias("last_mono_us"),
+    ).select(
+        *BOOT_KEY, "events", "unsynced_events",
+        F.coalesce("synced_offset", "last_offset").alias("offset_us"),
+        F.col("synced_offset").isNotNull().alias("boot_synced"),
+        "offset_span_us",
+        (F.col("offset_span_us") > step_threshold_us).alias("clock_stepped"),
+        (F.col("first_mono_us") + F.coalesce("synced_offset", "last_offset")).alias("first_us"),
+        (F.col("last_mono_us") + F.coalesce("synced_offset", "last_offset")).alias("last_us"),
+    ))
+
+
+def with_event_time(events: DataFrame, clocks: DataFrame) -> DataFrame:
+    """Add `ts_us` (monotonic time moved onto the boot's trusted wall clock) and `boot_synced`."""
+    small = clocks.select(*BOOT_KEY, "offset_us", "boot_synced")
+    return (events.join(F.broadcast(small), list(BOOT_KEY), "left")
+            .withColumn("ts_us", F.col("ts_mono_us") + F.col("offset_us"))
+            .drop("offset_us"))

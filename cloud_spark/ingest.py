@@ -1,0 +1,122 @@
+"""Ingest transforms: raw JSON lines -> typed, validated records; rejects to quarantine with a reason; dedupe."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from cloud_spark.schema import SOURCES, VERSIONS, VersionSpec, canonical_schema, parse_schema
+
+RAW_COLUMNS = ("value", "file", "path_fleet", "path_date", "path_device")
+QUARANTINE_COLUMNS = ("reason", "schema_version", "event_id", "value", "file", "path_fleet", "path_date", "path_device")
+
+# Fields a record of a given kind cannot do without (beyond the version's always-required fields).
+KIND_REQUIRES: dict[str, tuple[str, ...]] = {
+    "routed": ("msg_id", "subscriber"), "queued_offline": ("msg_id", "subscriber"),
+    "delivered": ("msg_id", "subscriber"), "acked": ("msg_id", "subscriber"),
+    "forwarded": ("msg_id", "peer_node"), "forward_acked": ("msg_id", "peer_node"),
+    "received": ("msg_id",), "committed": ("msg_id",),
+    "peer_up": ("peer_node",), "peer_down": ("peer_node",),
+    "client_published": ("publisher",), "client_acked": ("publisher",), "client_received": ("publisher",),
+}
+CORRUPT = "_corrupt_record"
+
+
+def parse_json_lines(raw: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
+    """Parse each line once against the union of all versions' fields; keep the raw line and where it came from."""
+    schema = parse_schema(versions).add(CORRUPT, "string")
+    opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    parsed = raw.select(*RAW_COLUMNS, F.from_json("value", schema, opts).alias("r"))
+    return parsed.select(*RAW_COLUMNS, "r.*")
+
+
+def typed_records(typed: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
+    """Bring already-typed records (Parquet segments) to parse_json_lines' shape, raw line rebuilt as JSON."""
+    schema = parse_schema(versions)
+    cols = [(F.col(f.name) if f.name in typed.columns else F.lit(None)).cast(f.dataType).alias(f.name)
+            for f in schema.fields]
+    out = typed.select(*[F.col(c) for c in RAW_COLUMNS if c != "value" and c in typed.columns], *cols)
+    for c in RAW_COLUMNS[1:]:
+        if c not in out.columns:
+            out = out.withColumn(c, F.lit(None).cast("string"))
+    out = out.withColumn("value", F.to_json(F.struct(*[F.col(f.name) for f in schema.fields])))
+    return out.withColumn(CORRUPT, F.lit(None).cast("string")).select(*RAW_COLUMNS, *schema.fieldNames(), CORRUPT)
+
+
+def _first_reason(checks: list[tuple[Column, Column | str]]) -> Column:
+    expr: Column | None = None
+    for cond, reason in reversed(checks):
+        r = reason if isinstance(reason, Column) else F.lit(reason)
+        expr = F.when(cond, r) if expr is None else F.when(cond, r).otherwise(expr)
+    assert expr is not None
+    return expr
+
+
+def _version_checks(spec: VersionSpec) -> Column:
+    """The first thing wrong with a record of this version, or null."""
+    checks: list[tuple[Column, Column | str]] = []
+    for name in spec.required:
+        checks.append((F.col(name).isNull(), f"missing required field: {name}"))
+    checks.append((~F.col("kind").isin(*spec.kinds), F.concat(F.lit("unknown kind: "), F.col("kind"))))
+    checks.append((~F.col("source").isin(*SOURCES), F.concat(F.lit("unknown source: "), F.col("source"))))
+    for kind, needs in KIND_REQUIRES.items():
+        for name in needs:
+            if name in spec.schema.fieldNames():
+                checks.append(((F.col("kind") == kind) & F.col(name).isNull(), f"{kind} without {name}"))
+    checks.append((F.col("path_fleet").isNotNull() & (F.col("path_fleet") != F.col("fleet")),
+                   "fleet differs from upload path"))
+    checks.append((F.col("path_device").isNotNull() & (F.col("path_device") != F.col("device")),
+                   "device differs from upload path"))
+    return _first_reason(checks)
+
+
+def with_reject_reason(parsed: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
+    """Add `reason`: null for a good record, else the first rule it breaks."""
+    schema = parse_schema(versions)
+    bad_type = F.coalesce(*[
+        F.when(F.get_json_object("value", f"$.{f.name}").isNotNull() & F.col(f.name).isNull(),
+               F.lit(f"bad type for field: {f.name}"))
+        for f in schema.fields
+    ], F.lit("not a JSON object"))
+    per_version = F.lit(None).cast("string")
+    for v, spec in versions.items():
+        per_version = F.when(F.col("schema_version") == v, _version_checks(spec)).otherwise(per_version)
+    known = F.col("schema_version").isin(*versions.keys())
+    reason = _first_reason([
+        (F.trim(F.col("value")) == "", "empty record"),
+        (F.col(CORRUPT).isNotNull() & F.get_json_object("value", "$").isNull(), "malformed JSON"),
+        (F.col(CORRUPT).isNotNull() & F.col("schema_version").isNull()
+         & F.get_json_object("value", "$.schema_version").isNotNull(), "bad type for field: schema_version"),
+        (F.col("schema_version").isNull(), "missing required field: schema_version"),
+        (~known, F.concat(F.lit("unknown schema_version: "), F.col("schema_version").cast("string"))),
+        (F.col(CORRUPT).isNotNull(), bad_type),
+    ])
+    return parsed.withColumn("reason", F.coalesce(reason, per_version))
+
+
+def quarantine(checked: DataFrame) -> DataFrame:
+    """The rejected records, raw line kept, with the reason and where they came from."""
+    return checked.where(F.col("reason").isNotNull()).select(*QUARANTINE_COLUMNS)
+
+
+def accepted(checked: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
+    """The good records in the canonical shape, plus the `date` partition (upload path's, else the wall clock's)."""
+    good = checked.where(F.col("reason").isNull())
+    for spec in versions.values():
+        for old, new in spec.renames.items():
+            good = good.withColumn(new, F.when(F.col("schema_version") == spec.version, F.col(old))
+                                   .otherwise(F.col(new)))
+    canon = canonical_schema(versions)
+    wall_date = F.date_format(F.timestamp_micros("ts_wall_us"), "yyyy-MM-dd")
+    return good.select(*[F.col(f.name).cast(f.dataType) for f in canon.fields],
+                       F.coalesce(F.col("path_date"), wall_date).alias("date"))
+
+
+def dedupe(events: DataFrame) -> DataFrame:
+    """One row per event_id (re-uploads repeat records); `copies` says how many times it was seen."""
+    others = [c for c in events.columns if c != "event_id"]
+    return (events.groupBy("event_id")
+            .agg(*[F.first(c).alias(c) for c in others], F.count(F.lit(1)).alias("copies"))
+            .select(*events.columns, "copies"))

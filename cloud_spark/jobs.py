@@ -1,0 +1,140 @@
+"""Thin jobs: read -> pure transforms -> write. Each prints its steps; none collects event-sized data."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cloud_spark import clock, fate, ingest, latency, ordering, rollups
+from cloud_spark.schema import VERSIONS, VersionSpec, parse_schema
+from cloud_spark.summary import build_summary
+
+PATH_COLUMNS = {"fleet": "path_fleet", "date": "path_date", "device": "path_device"}
+
+
+@contextmanager
+def step(name: str, log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Print a step's start and its wall time (the progress display next to Spark's stage bars)."""
+    say = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    t0 = time.monotonic()
+    say(f"[cloud_spark] {name} ...")
+    yield
+    say(f"[cloud_spark] {name} done in {time.monotonic() - t0:.1f}s")
+
+
+def _with_path_columns(df: DataFrame, fleets: Sequence[str] | None, dates: Sequence[str] | None) -> DataFrame:
+    if fleets and "fleet" in df.columns:
+        df = df.where(F.col("fleet").isin(*fleets))
+    if dates and "date" in df.columns:
+        df = df.where(F.col("date").isin(*dates))
+    for part, col in PATH_COLUMNS.items():
+        df = df.withColumnRenamed(part, col) if part in df.columns else df.withColumn(col, F.lit(None).cast("string"))
+    return df
+
+
+def read_json_segments(spark: SparkSession, root: str, fleets: Sequence[str] | None = None,
+                       dates: Sequence[str] | None = None, glob: str = "*.jsonl.gz") -> DataFrame:
+    """Raw lines of every JSON Lines segment under root (Hive keys fleet=/date=/device= become path_* columns)."""
+    raw = spark.read.option("pathGlobFilter", glob).option("basePath", root).text(root)
+    raw = raw.withColumn("file", F.input_file_name())
+    return _with_path_columns(raw, fleets, dates).select(*ingest.RAW_COLUMNS)
+
+
+def read_parquet_segments(spark: SparkSession, root: str, versions: Mapping[int, VersionSpec],
+                          fleets: Sequence[str] | None = None, dates: Sequence[str] | None = None) -> DataFrame:
+    """Parquet segments under root, brought to the raw shape (returns no rows when there are none)."""
+    files = [str(p) for p in Path(root).rglob("*.parquet")] if "://" not in root else None
+    if files == []:
+        return spark.createDataFrame([], parse_schema(versions))
+    df = spark.read.option("pathGlobFilter", "*.parquet").option("basePath", root).parquet(root)
+    df = df.withColumn("file", F.input_file_name())
+    path = {c: F.lit(None).cast("string") for c in PATH_COLUMNS.values()}
+    return _with_path_columns(df, fleets, dates).withColumns({k: v for k, v in path.items() if k not in df.columns})
+
+
+def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | None = None,
+               dates: Sequence[str] | None = None, versions: Mapping[int, VersionSpec] = VERSIONS,
+               parquet: bool = False) -> dict[str, object]:
+    """Segments -> events (validated, deduped; partitioned by fleet/date) + quarantine (with reason)."""
+    with step("ingest: parse, validate, dedupe, write events + quarantine"):
+        parsed = ingest.parse_json_lines(read_json_segments(spark, src, fleets, dates), versions)
+        if parquet:
+            typed = read_parquet_segments(spark, src, versions, fleets, dates)
+            parsed = parsed.unionByName(ingest.typed_records(typed, versions))
+        checked = ingest.with_reject_reason(parsed, versions).persist()
+        try:
+            (ingest.quarantine(checked).write.mode("overwrite").partitionBy("path_fleet", "path_date")
+             .parquet(f"{out}/quarantine"))
+            (ingest.dedupe(ingest.accepted(checked, versions)).write.mode("overwrite")
+             .partitionBy("fleet", "date").parquet(f"{out}/events"))
+        finally:
+            checked.unpersist()
+    return ingest_stats(spark, out)
+
+
+def ingest_stats(spark: SparkSession, out: str) -> dict[str, object]:
+    """Counts over what ingest wrote: events kept, duplicate copies removed, rejects per reason."""
+    ev = spark.read.parquet(f"{out}/events").agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("d"))
+    row = ev.first()
+    q = spark.read.parquet(f"{out}/quarantine").groupBy("reason").count().collect()
+    return {"events": int(row["n"] or 0) if row else 0, "duplicates_removed": int(row["d"] or 0) if row else 0,
+            "quarantined": {r["reason"]: int(r["count"]) for r in q}}
+
+
+def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
+                grace_us: int = fate.DEFAULT_GRACE_US, ingest_summary: dict[str, object] | None = None) -> dict:
+    """events -> clocks, fate, ordering, latency, roll-ups, incidents (Parquet) and summary.json."""
+    events = spark.read.parquet(f"{out}/events")
+    with step("analyze: clocks"):
+        clock.boot_clocks(events).write.mode("overwrite").parquet(f"{out}/clocks")
+    clocks = spark.read.parquet(f"{out}/clocks")
+    if window_end_us is None:
+        window_end_us = int(clocks.agg(F.max("last_us")).first()[0])  # type: ignore[index]
+    timed = clock.with_event_time(events, clocks)
+    with step("analyze: message fate"):
+        msgs = fate.messages(timed)
+        facts = fate.fates(fate.pairs(timed), msgs, fate.receipts(timed), fate.logged_clients(timed),
+                           window_end_us, grace_us)
+        facts.write.mode("overwrite").partitionBy("fleet", "date").parquet(f"{out}/fate")
+        fate.ingress_drops(msgs).write.mode("overwrite").parquet(f"{out}/ingress_drops")
+    fates = spark.read.parquet(f"{out}/fate")
+    with step("analyze: ordering"):
+        arr = ordering.arrivals(fates)
+        ordering.late_deliveries(arr).write.mode("overwrite").parquet(f"{out}/late")
+        late = spark.read.parquet(f"{out}/late")
+        ordering.streams(arr, late).write.mode("overwrite").parquet(f"{out}/streams")
+    with step("analyze: latency"):
+        lat = latency.hop_latencies(fates, latency.forwards(timed))
+        lat.write.mode("overwrite").partitionBy("fleet", "hop").parquet(f"{out}/latency")
+        lat = spark.read.parquet(f"{out}/latency")
+        latency.latency_summary(lat).write.mode("overwrite").parquet(f"{out}/latency_summary")
+        latency.latency_histogram(lat).write.mode("overwrite").parquet(f"{out}/latency_hist")
+    with step("analyze: roll-ups and incidents"):
+        for dim in rollups.DIMENSIONS:
+            rollups.rollup(fates, late, dim).write.mode("overwrite").parquet(f"{out}/rollup_{dim}")
+        inc = rollups.incidents(timed, window_end_us)
+        rollups.incident_impact(inc, fates, late).write.mode("overwrite").parquet(f"{out}/incidents")
+    with step("analyze: summary"):
+        summary = build_summary(spark, out, window_end_us, grace_us, ingest_summary)
+        write_text(spark, f"{out}/summary.json", json.dumps(summary, indent=2, sort_keys=True))
+    return summary
+
+
+def write_text(spark: SparkSession, path: str, text: str) -> None:
+    """Write one small text file through Hadoop's FileSystem, so object-store outputs work like local ones."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    stream = fs.create(hpath, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()

@@ -1,0 +1,89 @@
+"""Latency transforms: per-hop latencies (monotonic clock within a boot, trusted wall clock across nodes), percentiles."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+HOPS = ("receive_commit", "receive_deliver", "deliver_ack", "forward_rtt", "inter_node")
+QUANTILES = (0.5, 0.95, 0.99)
+ACCURACY = 10_000
+LAT_COLUMNS = ("fleet", "hop", "msg_id", "subscriber", "from_node", "to_node", "device", "firmware", "hour",
+               "latency_us", "method", "clock_ok")
+
+
+def _between(a: Column, b: Column) -> tuple[Column, Column, Column]:
+    """Latency from stamp a to stamp b, the clock used, and whether that clock can be trusted."""
+    same_boot = (a.node == b.node) & (a.boot_id == b.boot_id)
+    latency = F.when(same_boot, b.ts_mono_us - a.ts_mono_us).otherwise(b.ts_us - a.ts_us)
+    method = F.when(same_boot, "monotonic").otherwise("wall")
+    ok = same_boot | (a.boot_synced & b.boot_synced)
+    return latency, method, ok
+
+
+def _hop(rows: DataFrame, hop: str, a: str, b: str, subscriber: Column) -> DataFrame:
+    sa, sb = F.col(a), F.col(b)
+    latency, method, ok = _between(sa, sb)
+    return rows.where(sa.isNotNull() & sb.isNotNull()).select(
+        "fleet", F.lit(hop).alias("hop"), "msg_id", subscriber.alias("subscriber"),
+        sa.node.alias("from_node"), sb.node.alias("to_node"), sa.device.alias("device"),
+        sa.firmware.alias("firmware"), F.date_trunc("hour", F.timestamp_micros(sa.ts_us)).alias("hour"),
+        latency.alias("latency_us"), method.alias("method"), ok.alias("clock_ok"))
+
+
+def forwards(timed: DataFrame) -> DataFrame:
+    """Per (message, forwarding node, peer): when it was forwarded and when the peer acknowledged it."""
+    stamp = F.struct("node", "device", "firmware", "boot_id", "ts_mono_us", "ts_us", "boot_synced")
+    fw = timed.where(F.col("kind").isin("forwarded", "forward_acked") & F.col("msg_id").isNotNull())
+    first = {k: F.min_by(F.when(F.col("kind") == k, stamp), F.when(F.col("kind") == k, F.col("ts_us")))
+             for k in ("forwarded", "forward_acked")}
+    return fw.groupBy("fleet", "msg_id", "node", "peer_node").agg(
+        first["forwarded"].alias("forwarded_at"), first["forward_acked"].alias("forward_acked_at"))
+
+
+def hop_latencies(fate_rows: DataFrame, forward_rows: DataFrame) -> DataFrame:
+    """One row per measured hop of one message (and subscriber where the hop has one)."""
+    no_sub = F.lit(None).cast("string")
+    firsts_on_node = (fate_rows.where(F.col("routed_at").isNotNull())
+                      .groupBy("fleet", "msg_id", F.col("routed_at.node").alias("peer_node"))
+                      .agg(F.min_by("routed_at", "routed_at.ts_us").alias("peer_at")))
+    fw = forward_rows.join(firsts_on_node, ["fleet", "msg_id", "peer_node"], "left")
+    msgs = fate_rows.groupBy("fleet", "msg_id").agg(F.first("received_at").alias("received_at"),
+                                                    F.first("committed_at").alias("committed_at"))
+    parts = [
+        _hop(msgs, "receive_commit", "received_at", "committed_at", no_sub),
+        _hop(fate_rows, "receive_deliver", "received_at", "delivered_at", F.col("subscriber")),
+        _hop(fate_rows, "deliver_ack", "delivered_at", "acked_at", F.col("subscriber")),
+        _hop(fw, "forward_rtt", "forwarded_at", "forward_acked_at", no_sub),
+        _hop(fw, "inter_node", "forwarded_at", "peer_at", no_sub),
+    ]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _percentiles(df: DataFrame, keys: list[str | Column]) -> DataFrame:
+    trusted = F.when(F.col("clock_ok"), F.col("latency_us"))
+    q = F.percentile_approx(trusted, list(QUANTILES), ACCURACY)
+    return df.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("measured"),
+        F.sum(F.when(F.col("clock_ok"), 0).otherwise(1)).alias("untrusted_clock"),
+        q[0].alias("p50_us"), q[1].alias("p95_us"), q[2].alias("p99_us"),
+        F.max(trusted).alias("max_us"))
+
+
+def latency_summary(lat_rows: DataFrame) -> DataFrame:
+    """p50/p95/p99 per hop, per fleet and over all fleets (fleet '*'); untrusted-clock samples counted, not used."""
+    per_fleet = _percentiles(lat_rows, ["fleet", "hop"])
+    overall = _percentiles(lat_rows.withColumn("fleet", F.lit("*")), ["fleet", "hop"])
+    return per_fleet.unionByName(overall)
+
+
+def latency_histogram(lat_rows: DataFrame) -> DataFrame:
+    """Counts per hop in log-spaced buckets (ten per decade), trusted samples only: what the report plots."""
+    lat = F.greatest(F.col("latency_us"), F.lit(1)).cast("double")
+    bucket = F.floor(F.log10(lat) * 10).cast("int")
+    return (lat_rows.where("clock_ok").groupBy("hop", bucket.alias("bucket"))
+            .agg(F.count(F.lit(1)).alias("count"))
+            .withColumn("lower_us", F.pow(F.lit(10.0), F.col("bucket") / 10.0)))

@@ -1,0 +1,87 @@
+"""Roll-up transforms (per fleet / device / node / firmware / hour) and incident windows joined with what went wrong."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from cloud_spark.fate import FATES
+from cloud_spark.latency import ACCURACY, QUANTILES
+
+DIMENSIONS: dict[str, tuple[str, ...]] = {
+    "fleet": ("fleet",), "device": ("fleet", "device"), "node": ("fleet", "node"),
+    "firmware": ("fleet", "firmware"), "hour": ("fleet", "hour"),
+}
+
+
+def _count(cond: Column) -> Column:
+    return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
+
+
+def rollup(fate_rows: DataFrame, late_rows: DataFrame, dimension: str) -> DataFrame:
+    """Counts of each fate, duplicates, late deliveries and receive->deliver latency for one dimension."""
+    keys = list(DIMENSIONS[dimension])
+    delivered = F.col("delivered_at")
+    same_boot = (F.col("received_at.node") == delivered.node) & (F.col("received_at.boot_id") == delivered.boot_id)
+    lat = F.when(same_boot, delivered.ts_mono_us - F.col("received_at.ts_mono_us")).when(
+        F.col("received_at.boot_synced") & delivered.boot_synced, delivered.ts_us - F.col("received_at.ts_us"))
+    q = F.percentile_approx(lat, list(QUANTILES), ACCURACY)
+    counts = fate_rows.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("pairs"),
+        *[_count(F.col("fate") == f).alias(f) for f in FATES],
+        _count(F.col("duplicated")).alias("duplicated"),
+        _count(F.col("e2e_fate") == "lost").alias("e2e_lost"),
+        q[0].alias("deliver_p50_us"), q[1].alias("deliver_p95_us"), q[2].alias("deliver_p99_us"),
+    )
+    late = late_rows.groupBy(*keys).agg(F.count(F.lit(1)).alias("late"), F.sum("displacement").alias("inversions"))
+    return (counts.join(late, keys, "left")
+            .withColumn("late", F.coalesce("late", F.lit(0)).cast("long"))
+            .withColumn("inversions", F.coalesce("inversions", F.lit(0)).cast("long")))
+
+
+def incidents(timed: DataFrame, window_end_us: int) -> DataFrame:
+    """peer_down..peer_up and node_stop..node_start windows; an unclosed window ends at the analysis window's end."""
+    kinds = ("peer_down", "peer_up", "node_stop", "node_start")
+    ev = timed.where(F.col("kind").isin(*kinds)).select(
+        "fleet", "device", "node", "peer_node", "kind", "ts_us",
+        F.when(F.col("kind").startswith("peer"), "peer_down").otherwise("node_stop").alias("incident"))
+    key = ["fleet", "node", "incident", F.coalesce("peer_node", F.lit(""))]
+    w = Window.partitionBy(*key).orderBy("ts_us", "kind")
+    opens = F.col("kind").isin("peer_down", "node_stop")
+    closes = ~opens
+    nxt_close = F.min(F.when(closes, F.col("ts_us"))).over(w.rowsBetween(1, Window.unboundedFollowing))
+    prev_kind = F.lag("kind").over(w)
+    marked = ev.select("*", nxt_close.alias("end_us"), prev_kind.alias("prev_kind"))
+    starts = marked.where(opens & (F.col("prev_kind").isNull() | ~F.col("prev_kind").isin("peer_down", "node_stop")))
+    return starts.select(
+        "fleet", "incident", "device", "node", "peer_node", F.col("ts_us").alias("start_us"),
+        F.coalesce("end_us", F.lit(window_end_us)).alias("end_us"), F.col("end_us").isNull().alias("open"),
+        ((F.coalesce("end_us", F.lit(window_end_us)) - F.col("ts_us")) / 1e6).alias("duration_s"))
+
+
+def incident_impact(incident_rows: DataFrame, fate_rows: DataFrame, late_rows: DataFrame) -> DataFrame:
+    """Losses and reorderings inside each incident window on the nodes it involves (the node and its peer)."""
+    inc = incident_rows.withColumn("incident_id", F.concat_ws(
+        "|", "fleet", "incident", "node", F.coalesce("peer_node", F.lit("")), F.col("start_us").cast("string")))
+    win = inc.select("incident_id", F.col("fleet").alias("i_fleet"), F.col("node").alias("i_node"),
+                     F.col("peer_node").alias("i_peer"), F.col("start_us").alias("i_start"),
+                     F.col("end_us").alias("i_end"))
+
+    def inside(ts: str) -> Column:
+        on_node = F.lit(False)
+        for c in ("node", "deliver_node"):
+            on_node = on_node | (F.col(c) == F.col("i_node")) | (F.col(c) == F.col("i_peer"))
+        return ((F.col("fleet") == F.col("i_fleet")) & (F.col(ts) >= F.col("i_start"))
+                & (F.col(ts) <= F.col("i_end")) & on_node)
+
+    harms = ("lost", "dropped", "expired", "delivered_not_acked")
+    bad = fate_rows.where(F.col("fate").isin(*harms)).select("fleet", "node", "deliver_node", "routed_us", "fate")
+    hit = (F.broadcast(win).join(bad, inside("routed_us"))
+           .groupBy("incident_id").agg(*[_count(F.col("fate") == f).alias(f) for f in harms]))
+    lr = late_rows.select("fleet", "node", "deliver_node", "first_delivered_us")
+    late = (F.broadcast(win).join(lr, inside("first_delivered_us"))
+            .groupBy("incident_id").agg(F.count(F.lit(1)).alias("late")))
+    out = inc.join(hit, "incident_id", "left").join(late, "incident_id", "left")
+    for c in (*harms, "late"):
+        out = out.withColumn(c, F.coalesce(c, F.lit(0)).cast("long"))
+    return out.drop("incident_id")

@@ -1,0 +1,42 @@
+"""SparkSession for the jobs: local[*] when run directly, whatever spark-submit chose when run through it."""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import SparkSession
+
+# Settings every job relies on: UTC everywhere (dates, hours), partition values read as strings.
+JOB_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.parquet.compression.codec": "zstd",
+    "spark.sql.sources.partitionOverwriteMode": "dynamic",
+}
+
+
+def under_spark_submit() -> bool:
+    """True when this Python process was started by spark-submit (or a pyspark shell) that owns the master."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def get_spark(app: str, master: str | None = None, driver_memory: str | None = None,
+              shuffle_partitions: int | None = None) -> SparkSession:
+    """Start (or join) the session; never overrides a master that spark-submit passed in."""
+    builder = SparkSession.builder.appName(app)
+    if master is not None or not under_spark_submit():
+        builder = builder.master(master or "local[*]")
+        builder = builder.config("spark.driver.memory", driver_memory or "2g")
+        builder = builder.config("spark.ui.showConsoleProgress", "true")
+    for key, value in JOB_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if shuffle_partitions is not None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    elif master is not None or not under_spark_submit():
+        spark.conf.set("spark.sql.shuffle.partitions", str(max(8, 4 * spark.sparkContext.defaultParallelism)))
+    for key, value in JOB_CONF.items():
+        if not key.startswith("spark.sql.adaptive"):
+            spark.conf.set(key, value)
+    return spark
