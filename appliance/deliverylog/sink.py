@@ -17,6 +17,7 @@ class DeliveryLog:
     """An EventSink writing schema-v1 delivery-log segments for one node (or one client, source="client").
 
     emit() only timestamps and appends to a deque; a writer thread drains it every `flush_interval_s`.
+    Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class DeliveryLog:
         flush_interval_s: float = 0.5,
         max_backlog: int = 1_000_000,
         gzip_level: int = 6,
+        seq_property: str = "seq",
         strict: bool = False,
     ) -> None:
         if source not in ("broker", "client"):
@@ -45,7 +47,7 @@ class DeliveryLog:
         probe = clock_synced if callable(clock_synced) else clock_sync_probe(clock_synced)
         limits = Limits(segment_bytes, segment_age_s, budget_bytes, fsync_every_s, gzip_level)
         self.identity = identity
-        self._writer = SegmentWriter(directory, identity, limits, probe)
+        self._writer = SegmentWriter(directory, identity, limits, probe, seq_property)
         self._queue: deque[Item] = deque()
         self._append = self._queue.append
         self._interval = flush_interval_s
@@ -71,6 +73,10 @@ class DeliveryLog:
         if kind not in KIND_SET:
             raise ValueError(f"unknown delivery-log event kind {kind!r}")
         for name, value in fields.items():
+            if name == "message":
+                if not hasattr(value, "msg_id"):
+                    raise ValueError(f"{kind}: message= must be a broker Message, got {type(value).__name__}")
+                continue
             if name not in EMIT_FIELDS:
                 raise ValueError(f"{kind}: field {name!r} is not an emit field of schema v1")
             problem = field_problem(name, value)

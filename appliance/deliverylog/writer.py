@@ -31,6 +31,8 @@ from .segments import (
 Item = tuple[str, int, int, dict[str, Any]]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fields (taken at emit time)
 
 COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
+# Kinds whose records carry all of a message's fields when the broker passes message=; others carry only msg_id.
+FULL_MESSAGE_KINDS = frozenset({"received", "forwarded", "replicated", "migrated", "dropped", "expired"})
 CHUNK_EVENTS = 1024  # events compressed per write call (bounds how far a segment overshoots its size limit)
 
 
@@ -116,9 +118,15 @@ class SegmentWriter:
     """Owns one node's segments in a directory; not thread-safe (one writer thread or process calls it)."""
 
     def __init__(
-        self, directory: str, identity: Identity, limits: Limits, clock_synced: Callable[[], bool]
+        self,
+        directory: str,
+        identity: Identity,
+        limits: Limits,
+        clock_synced: Callable[[], bool],
+        seq_property: str = "seq",
     ) -> None:
         limits.check()
+        self.seq_property = seq_property
         self.directory = directory
         self.identity = identity
         self.limits = limits
@@ -218,6 +226,8 @@ class SegmentWriter:
             k = kinds.get(kind) or dumps(str(kind))
             tail = "}"
             if fields:
+                if "message" in fields:
+                    self._expand(kind, fields)
                 if None in fields.values() or not fields.keys() <= allowed:
                     kept = {key: v for key, v in fields.items() if v is not None and key in allowed}
                     self.stats.bad_fields += sum(1 for key in fields if key not in allowed)
@@ -236,6 +246,31 @@ class SegmentWriter:
             )
             n += 1
         return "".join(lines).encode()
+
+    def _expand(self, kind: str, fields: dict[str, Any]) -> None:
+        """Replace a `message=` field (a broker Message) by its schema fields; explicitly passed fields win."""
+        msg = fields.pop("message")
+        if msg is None:
+            return
+        fields.setdefault("msg_id", msg.msg_id)
+        if kind not in FULL_MESSAGE_KINDS:
+            return  # the rest joins in from the message's `received` record by msg_id
+        fields.setdefault("publisher", msg.publisher or None)
+        fields.setdefault("topic", msg.topic)
+        fields.setdefault("qos", msg.qos)
+        fields.setdefault("retain", msg.retain)
+        fields.setdefault("payload_size", len(msg.payload))
+        if "publisher_seq" not in fields:
+            name = self.seq_property
+            for key, value in getattr(getattr(msg, "properties", None), "user_properties", ()):
+                if key == name:
+                    try:
+                        seq = int(value)
+                    except ValueError:
+                        break
+                    if -(2**63) <= seq < 2**63:
+                        fields["publisher_seq"] = seq
+                    break
 
     def _open(self) -> _Open:
         """Start a new `.part` segment named after its first event counter."""

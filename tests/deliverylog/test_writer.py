@@ -238,3 +238,27 @@ def test_limits_are_checked(make_log):
         make_log(segment_bytes=1 << 20, budget_bytes=1 << 20)
     with pytest.raises(DeliveryLogError, match="source"):
         make_log(source="satellite")
+
+
+def test_a_broker_message_is_expanded_into_schema_fields(make_log, tmp_path):
+    from appliance.broker.model import Message
+    from appliance.protocol.packets import Properties
+
+    props = Properties(user_properties=[("other", "x"), ("n", "12345678901")])
+    message = Message("n1:77", "plant/t", b"0123456789", 1, True, "pub-9", time.time(), properties=props)
+    log = make_log(seq_property="n", strict=True)
+    log.emit("received", message=message, publisher_packet_id=4)
+    log.emit("routed", message=message, subscriber="s", filter="plant/#", qos=0)
+    log.emit("acked", message=message, subscriber="s")
+    log.emit("dropped", message=Message("n1:78", "t", b"", 0, False, "", 0.0), reason="queue_full")
+    log.close()
+    received, routed, acked, dropped = _raw(tmp_path / "log")
+    assert {k: received.get(k) for k in ("msg_id", "publisher", "publisher_packet_id", "publisher_seq", "topic", "qos",
+                                          "retain", "payload_size")} == {
+        "msg_id": "n1:77", "publisher": "pub-9", "publisher_packet_id": 4, "publisher_seq": 12345678901,
+        "topic": "plant/t", "qos": 1, "retain": True, "payload_size": 10}
+    assert (routed["msg_id"], routed["qos"], routed["filter"], "topic" in routed) == ("n1:77", 0, "plant/#", False)
+    assert acked["msg_id"] == "n1:77" and "publisher_seq" not in acked
+    assert dropped["msg_id"] == "n1:78" and "publisher" not in dropped and "publisher_seq" not in dropped
+    with pytest.raises(ValueError, match="must be a broker Message"):
+        make_log(directory=tmp_path / "other", strict=True).emit("received", message="n1:1")
