@@ -494,3 +494,13 @@ def test_any_client_sequence_yields_packets_or_an_mqtt_error(version, data):
                 client.read(conn.send(Connack()))
             elif isinstance(event, Publish) and event.qos == 1:
                 client.read(conn.send(Puback(event.packet_id)))
+
+
+def test_garbage_first_byte_is_refused_before_a_whole_packet_arrives_MQTT_3_1_0_1():
+    """An HTTP request (or any non-CONNECT first byte) fails at once instead of waiting for a remaining length."""
+    conn = Connection()
+    with pytest.raises(ProtocolError):
+        conn.receive_data(b"GET ")
+    conn = Connection()
+    assert conn.receive_data(b"\x10") == []  # a CONNECT split after its first byte is still fine
+    assert conn.decoder.buffered == 1
