@@ -8,14 +8,15 @@ Public API (all importable from `appliance.protocol`):
 - codec: encode(packet, version) -> bytes; encode_publish(topic, payload, qos, retain, dup, packet_id, version,
   properties, subscription_ids, topic_alias) -> bytes; encode_publish_properties(Properties) -> bytes (cache it
   per message and pass it as `properties`)
-- Decoder(max_packet_size=None, protocol_version=None).feed(data) -> list[Packet]
+- Decoder(max_packet_size=None, protocol_version=None).feed(data) -> list[Packet]; .protocol_version, .buffered
 - topics: validate_topic_name, validate_topic_filter (-> SharedFilter | None), is_valid_topic_name,
   is_valid_topic_filter, parse_shared, SharedFilter(group, topic_filter), topic_matches(filter, topic)
 - connection: Connection(max_packet_size=None, receive_maximum=65535, topic_alias_maximum=0) with
   receive_data(data, now=None) -> list[Packet], send(packet) -> bytes, send_publish(topic, payload, qos, retain, dup,
-  packet_id, properties, subscription_ids) -> bytes (b"" = too large for the client: drop, treat as delivered),
-  keepalive_deadline(now) -> float | None, error_disconnect(err) -> bytes | None, state (State), closed,
-  protocol_version, connect, keepalive, client_receive_maximum, client_maximum_packet_size, inbound_inflight
+  packet_id, properties, subscription_ids) -> bytes (b"" = nothing to write: too large for the client, so drop it
+  and treat it as delivered, or `closed`), keepalive_deadline(now) -> float | None, error_disconnect(err) ->
+  bytes | None, state (State), closed, error, protocol_version, connect, keepalive, client_receive_maximum,
+  client_maximum_packet_size, client_topic_alias_maximum, inbound_inflight
 """
 
 from .codec import encode, encode_publish, encode_publish_properties
