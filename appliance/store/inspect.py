@@ -11,16 +11,10 @@ from pathlib import Path
 import sqlite_utils
 
 from .errors import StoreError
-from .schema import check_integrity, latest_version, schema_version
+from .schema import check_integrity, db_path, latest_version, schema_version
 
-DB_FILE_NAME = "broker.db"  # the node keeps its store at DATA_DIR/broker.db
 TABLES = ("sessions", "subscriptions", "queue", "retained", "incoming_qos2", "meta")
 MAX_SESSIONS_LISTED = 50
-
-
-def db_path(data_dir: Path | str) -> Path:
-    """Where the node keeps its store inside its data directory."""
-    return Path(data_dir) / DB_FILE_NAME
 
 
 def inspect(db_file: Path | str, *, full: bool = False) -> str:

@@ -10,6 +10,12 @@ from pathlib import Path
 from .errors import StoreError
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[A-Za-z0-9_]+\.sql$")
+DB_FILE_NAME = "broker.db"  # the node keeps its store at DATA_DIR/broker.db
+
+
+def db_path(data_dir: Path | str) -> Path:
+    """Where the node keeps its store inside its data directory."""
+    return Path(data_dir) / DB_FILE_NAME
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -2,20 +2,23 @@
 
 Usage (the node's start-up and shutdown)::
 
-    store = SqliteStore(data_dir / "broker.db", on_fatal=node.fail)  # nothing touches the disk yet
-    store.open()                       # create/integrity-check/migrate; StoreError if corrupt or unreadable
+    store = SqliteStore(db_path(data_dir), on_fatal=node.fail)  # nothing touches the disk yet
+    store.open()        # lock DATA_DIR/broker.db.lock, create/quick_check/migrate; StoreError if unusable
     snapshot = store.load()            # everything recovered, before listeners open
-    store.start(loop)                  # writer thread; loop defaults to the running loop
+    store.start(loop)                  # writer + checkpoint threads; loop defaults to the running loop
     store.enqueue(...); store.after_commit(send_puback, packet_id)   # hot path, never blocks
     await store.async_close()          # or store.close(): commits what is pending, runs callbacks, stops
 
-Write methods only append an operation to an in-memory list. One writer thread takes everything pending (at most
-`batch_max` ops), runs it in ONE transaction in call order, commits (fsync), then hands the after_commit callbacks
-registered among those ops to the loop with a single call_soon_threadsafe. Without a loop (scripts, tests) the
-callbacks run on the writer thread. A failed write or commit (disk full, I/O error) is fatal: the pending callbacks
-are dropped (no PUBACK goes out), every later write raises StoreError, and `on_fatal(StoreError)` is called on the
-loop so the node can exit non-zero. save_session writes the session row only; subscriptions are written by
-save_subscription / delete_subscription. load() raises each session's next_seq above its highest queued seq.
+Constructor: SqliteStore(path, *, loop=None, on_fatal=None, batch_max=20_000, full_integrity_check=False,
+pragmas=None). Write methods only append an operation to a deque. One writer thread takes everything pending (at
+most `batch_max` ops), folds same-batch updates into their insert and drops rows removed later in the batch, runs
+the rest in ONE transaction in call order (executemany per run of one kind), commits (fsync), then hands the
+after_commit callbacks registered among those ops to the loop with a single call_soon_threadsafe. Without a loop
+(scripts, tests) the callbacks run on the writer thread. A failed write or commit (disk full, I/O error) is fatal:
+pending callbacks are dropped (no PUBACK goes out), every later write raises StoreError, and `on_fatal(StoreError)`
+is called on the loop so the node can exit non-zero. save_session writes the session row only; subscriptions are
+written by save_subscription / delete_subscription. load() raises each session's next_seq above its highest queued
+seq. WAL checkpoints run on their own thread (PASSIVE); the writer forces a RESTART only if the WAL keeps growing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from appliance.broker.ports import Snapshot
 from . import batch as ops
 from .checkpoint import Checkpointer
 from .errors import StoreError
+from .filelock import StoreLock
 from .loader import load_snapshot
 from .rows import session_row, subscription_row
 from .schema import connect, prepare
@@ -72,6 +76,7 @@ class SqliteStore:
         self._refusal: StoreError | None = None  # set once closed or failed: every write raises it
         self._thread: threading.Thread | None = None
         self._opened = False
+        self._lock = StoreLock(self.path)
         self._failure: StoreError | None = None
         self._stats = CommitStats()
         self._checkpointer = Checkpointer(self.path)
@@ -84,11 +89,19 @@ class SqliteStore:
     def open(self) -> None:
         """Create or open the file, run the integrity check and the migrations; raise StoreError on failure."""
         if not self._opened:
-            self.schema_version = prepare(self.path, full_integrity_check=self._full_integrity_check)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+            try:
+                self.schema_version = prepare(self.path, full_integrity_check=self._full_integrity_check)
+            except BaseException:
+                self._lock.release()
+                raise
             self._opened = True
 
     def load(self) -> Snapshot:
         """Read everything durable (call before start(); later calls see only what is already committed)."""
+        if self._refusal is not None:
+            raise self._refusal
         self.open()
         conn = connect(self.path)
         try:
@@ -136,6 +149,7 @@ class SqliteStore:
             self._thread.join()
             self._thread = None
         self._checkpointer.stop()
+        self._lock.release()
         if self._refusal is None:
             self._refusal = StoreError("store is closed", path=str(self.path))
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -175,3 +176,38 @@ async def test_disk_full_on_a_real_filesystem_is_fatal(tiny_tmpfs, tmp_path):
     assert released, "nothing committed before the disk filled"
     assert set(released) <= stored, "a callback ran for a row that is not on disk"
     assert max(stored) < seq
+
+
+def test_a_second_process_cannot_open_the_same_store(db_file):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_OPEN, str(db_file)],
+        stdout=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3])),
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"open\n"
+        with pytest.raises(StoreError, match=f"in use by another process \\(pid {holder.pid}\\)"):
+            SqliteStore(db_file).open()
+    finally:
+        holder.kill()
+        holder.wait(30)
+    store = SqliteStore(db_file)  # the kernel dropped the dead holder's lock
+    store.open()
+    assert store.load().meta == {"holder": "was here"}
+    store.close()
+
+
+HOLD_OPEN = """
+import sys, time
+from appliance.store import SqliteStore
+store = SqliteStore(sys.argv[1])
+store.open()
+store.set_meta("holder", "was here")
+store.start()
+import threading
+done = threading.Event()
+store.after_commit(done.set)
+done.wait(60)
+print("open", flush=True)
+time.sleep(120)
+"""

@@ -8,8 +8,8 @@ import pytest
 from storehelpers import delivery, message, options, session
 
 from appliance.broker.model import DeliveryState
-from appliance.store import SqliteStore, StoreError
-from appliance.store.inspect import db_path, inspect, main
+from appliance.store import SqliteStore, StoreError, db_path
+from appliance.store.inspect import inspect, main
 from appliance.store.schema import latest_version
 
 
