@@ -89,8 +89,11 @@ class SqliteStore:
     def open(self) -> None:
         """Create or open the file, run the integrity check and the migrations; raise StoreError on failure."""
         if not self._opened:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock.acquire()
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._lock.acquire()
+            except OSError as exc:
+                raise StoreError(f"cannot open the store: {exc.strerror or exc}", path=str(self.path)) from exc
             try:
                 self.schema_version = prepare(self.path, full_integrity_check=self._full_integrity_check)
             except BaseException:

@@ -211,3 +211,10 @@ done.wait(60)
 print("open", flush=True)
 time.sleep(120)
 """
+
+
+def test_unwritable_location_gives_store_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError, match="cannot open the store"):
+        SqliteStore(blocker / "data" / "broker.db").open()
