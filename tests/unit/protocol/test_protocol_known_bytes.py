@@ -19,7 +19,9 @@ from appliance.protocol import (
     Pingresp,
     Properties,
     Puback,
+    Pubcomp,
     Publish,
+    Pubrec,
     Pubrel,
     ReasonCode,
     Suback,
@@ -56,7 +58,12 @@ VECTORS = [
     ("puback-311", MQTT_311, Puback(7), "40020007"),
     ("puback-5-success-short-form", MQTT_5, Puback(7), "40020007"),
     ("puback-5-no-matching-subscribers", MQTT_5, Puback(7, ReasonCode.NO_MATCHING_SUBSCRIBERS), "4003000710"),
+    ("pubrec-5-unspecified-error", MQTT_5, Pubrec(7, ReasonCode.UNSPECIFIED_ERROR), "5003000780"),
     ("pubrel-311-flags-0010", MQTT_311, Pubrel(7), "62020007"),
+    ("pubrel-5-not-found", MQTT_5, Pubrel(7, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), "6203000792"),
+    ("pubcomp-311", MQTT_311, Pubcomp(7), "70020007"),
+    # PUBACK with a Reason String (0x1F) "r": reason code and property block are both present
+    ("puback-5-reason-string", MQTT_5, Puback(7, 0x80, Properties(reason_string="r")), "4008000780041f000172"),
     ("subscribe-311", MQTT_311, Subscribe(1, [SubscriptionRequest("a/#", 1)]), "82080001000361" "2f2301"),
     # options: QoS 2 | No Local 0x04 | Retain As Published 0x08 | Retain Handling 1 << 4 = 0x1E; sub id 5
     ("subscribe-5-options-and-id", MQTT_5,
