@@ -23,6 +23,7 @@ from .packets import (
     Pubcomp,
     Publish,
     Pubrec,
+    Pubrel,
 )
 from .reason_codes import V311_CONNACK, ReasonCode
 
@@ -60,6 +61,8 @@ TRANSITIONS: dict[tuple[State, str, PacketType], State] = {
 }
 
 _RELEASES_INBOUND = (Puback, Pubcomp)  # sending these ends an inbound QoS 1 / QoS 2 flow [MQTT-4.9]
+_ACK_TYPES = frozenset({Puback, Pubrec, Pubrel, Pubcomp})  # allowed both ways once CONNECTED, no checks needed
+_ACK_FIRST_BYTE = {Puback: b"\x40\x02", Pubrec: b"\x50\x02", Pubrel: b"\x62\x02", Pubcomp: b"\x70\x02"}
 
 
 class Connection:
@@ -122,9 +125,10 @@ class Connection:
                 raise ProtocolError(f"first byte 0x{data[0]:02x} is not CONNECT [MQTT-3.1.0-1]")
             packets = self.decoder.feed(data)
             for packet in packets:
-                if type(packet) is Publish and self.state is State.CONNECTED:
-                    if packet.qos or self.decoder.protocol_version == MQTT_5:  # 3.1.1 QoS 0 needs no checks
-                        self._receive_publish(packet)
+                cls = type(packet)
+                if self.state is State.CONNECTED and (cls is Publish or cls in _ACK_TYPES):
+                    if cls is Publish and (packet.qos or self.decoder.protocol_version == MQTT_5):  # type: ignore[union-attr]
+                        self._receive_publish(packet)  # type: ignore[arg-type]
                 else:
                     self._receive(packet)
         except MQTTError as err:
@@ -215,6 +219,16 @@ class Connection:
         """
         if self.state is State.CLOSED:
             return b""  # the connection is gone: nothing more goes out [MQTT-3.14.4-1]
+        cls = type(packet)
+        if cls in _ACK_FIRST_BYTE and self.state is State.CONNECTED:  # hot path: a plain acknowledgement
+            ack: Puback = packet  # type: ignore[assignment]
+            pid = ack.packet_id
+            props = ack.properties
+            if (0 < pid <= 0xFFFF and props.reason_string is None and not props.user_properties
+                    and (not ack.reason_code or self.decoder.protocol_version != MQTT_5)):
+                if cls is not Pubrel and (cls is not Pubrec or ack.reason_code >= 0x80):
+                    self.inbound_inflight.discard(pid)  # the inbound flow ends [MQTT-4.9]
+                return _ACK_FIRST_BYTE[cls] + pid.to_bytes(2, "big")
         if isinstance(packet, Publish):
             props = packet.properties
             return self.send_publish(packet.topic, packet.payload, packet.qos, packet.retain, packet.dup,

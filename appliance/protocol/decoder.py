@@ -60,6 +60,9 @@ _V311_SUBACK_CODES = frozenset({0x00, 0x01, 0x02, 0x80})
 # Fixed-header flags every packet but PUBLISH must carry [MQTT-2.1.3-1].
 _REQUIRED_FLAGS = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}
 _NAMES = {t.value: t.name for t in PacketType}
+# First bytes of the acknowledgements whose two-byte form the Decoder takes without a Reader.
+_SHORT_ACKS: dict[int, type[Puback | Pubrec | Pubrel | Pubcomp]] = {0x40: Puback, 0x50: Pubrec, 0x62: Pubrel,
+                                                                    0x70: Pubcomp}
 
 
 def invalid_topic_name(topic: str) -> str | None:
@@ -344,6 +347,11 @@ class Decoder:
                 return pos
             if first >> 4 == 3 and self.protocol_version is not None:
                 out.append(self._publish(first, buf, p, pend, self.protocol_version == MQTT_5))
+            elif remaining == 2 and first in _SHORT_ACKS and self.protocol_version is not None:
+                packet_id = (buf[p] << 8) | buf[p + 1]  # the two-byte form of PUBACK..PUBCOMP [MQTT-3.4.2.1]
+                if not packet_id:
+                    raise ProtocolError("packet identifier 0 is invalid [MQTT-2.2.1-3]")
+                out.append(_SHORT_ACKS[first](packet_id))
             else:
                 out.append(self._other(first, buf, p, pend))
             pos = pend
