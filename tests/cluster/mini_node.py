@@ -37,6 +37,7 @@ async def main() -> None:
     ap.add_argument("--requery", type=float, default=None)
     ap.add_argument("--no-links", action="store_true")
     ap.add_argument("--no-mdns", action="store_true")
+    ap.add_argument("--mqtts-port", type=int, default=None)
     ap.add_argument("--seed", action="append", default=[])
     args = ap.parse_args()
 
@@ -79,6 +80,7 @@ async def main() -> None:
     disco = None
     if not args.no_mdns:
         disco = Discovery(cluster=args.cluster, node_id=args.node, cluster_port=LINK_PORT, mqtt_port=1883,
+                          mqtts_port=args.mqtts_port,
                           on_add=on_add, on_update=on_update, on_remove=on_remove, ttl=args.ttl,
                           requery_interval=args.requery)
         await disco.async_start()

@@ -30,13 +30,18 @@ def events(p: NodeProcess) -> list[dict]:
     return out
 
 
+def probe(lab: Lab, i: int, service_type: str) -> list[dict]:
+    out = lab.exec(i, sys.executable, "-m", "tests.cluster.mdns_probe", service_type, "3").stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
 def count(p: NodeProcess, ev: str, **match: object) -> int:
     return sum(1 for e in events(p) if e["ev"] == ev and all(e.get(k) == v for k, v in match.items()))
 
 
 def test_mdns_discovery_links_partition_and_heal(netns_lab) -> None:
     lab: Lab = netns_lab(3)
-    a = start(lab, 0, "na")
+    a = start(lab, 0, "na", "lab", SECRET, "--mqtts-port", "8883")
     b = start(lab, 1, "nb")
     other = start(lab, 2, "nc", "elsewhere")  # same LAN, another cluster name
     for p in (a, b, other):
@@ -51,6 +56,13 @@ def test_mdns_discovery_links_partition_and_heal(netns_lab) -> None:
     wait_until(lambda: any("ignoring node nc" in e.get("msg", "") for e in events(a)), WAIT, "nc seen by na")
     assert count(a, "found", peer="nc") == 0 and count(b, "found", peer="nc") == 0
     assert count(other, "found") == 0
+
+    # LAN clients find brokers: every node's _mqtt._tcp, and _secure-mqtt._tcp only where TLS is on.
+    mqtt = probe(lab, 2, "_mqtt._tcp.local.")
+    assert {(m["txt"]["node"], m["port"]) for m in mqtt} >= {("na", 1883), ("nb", 1883), ("nc", 1883)}
+    assert any(lab.ip(0) in m["addresses"] for m in mqtt if m["txt"]["node"] == "na")
+    secure = probe(lab, 2, "_secure-mqtt._tcp.local.")
+    assert [(m["txt"]["node"], m["port"]) for m in secure] == [("na", 8883)]
 
     assert count(a, "lost") == 0 and count(b, "lost") == 0  # live peers' records were kept fresh, no flapping
 

@@ -40,9 +40,10 @@ def netns_unavailable() -> str | None:
     return None
 
 
-def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _run(*argv: str, check: bool = True, timeout: float = 30, cwd: Path | None = None,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a command, raising with its stderr on failure."""
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
@@ -209,9 +210,10 @@ class Lab:
         """SIGKILL a process and reap it."""
         self.signal(proc, signal.SIGKILL)
 
-    def exec(self, i: int, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run a short command in node i's namespace and wait for it."""
-        return _run("ip", "netns", "exec", self.ns(i), *argv, check=check)
+    def exec(self, i: int, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a short command in node i's namespace (cwd = repo root) and wait for it."""
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        return _run("ip", "netns", "exec", self.ns(i), *argv, check=check, timeout=timeout, cwd=REPO, env=env)
 
     # -- faults ------------------------------------------------------------------------------------------------
     def isolate(self, i: int) -> None:
