@@ -30,10 +30,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
-from appliance.broker.ports import Snapshot
+from appliance.broker.ports import Snapshot, Store
 
 from . import batch as ops
 from .checkpoint import Checkpointer
@@ -395,3 +395,10 @@ def _run_callbacks(
                 import traceback
 
                 traceback.print_exception(exc)
+
+
+if TYPE_CHECKING:
+
+    def _implements_store(store: SqliteStore) -> Store:
+        """mypy proves here that SqliteStore satisfies the broker's Store port."""
+        return store
