@@ -103,6 +103,12 @@ class NodeProcess:
         """Whether the process has not exited."""
         return self.popen.poll() is None
 
+    def send(self, line: str) -> None:
+        """Write one command line to the process's stdin (spawned with stdin=True)."""
+        assert self.popen.stdin is not None, "spawned without stdin=True"
+        self.popen.stdin.write(line.encode() + b"\n")
+        self.popen.stdin.flush()
+
 
 @dataclass
 class Lab:
@@ -184,14 +190,19 @@ class Lab:
             self._up = False
 
     # -- processes ---------------------------------------------------------------------------------------------
-    def spawn(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None, name: str = "") -> NodeProcess:
-        """Start argv inside node i's namespace as a real process (cwd = repo root, output to a log file)."""
+    def spawn(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None, name: str = "",
+              stdin: bool = False) -> NodeProcess:
+        """Start argv inside node i's namespace as a real process (cwd = repo root, output to a log file).
+
+        With stdin=True the process reads commands written with NodeProcess.send().
+        """
         assert self.workdir is not None
         log_path = self.workdir / f"{name or 'node'}{i}-{len(self.processes)}.log"
         full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(["ip", "netns", "exec", self.ns(i), *argv], stdout=log,
-                                     stderr=subprocess.STDOUT, cwd=REPO, env=full_env, start_new_session=True)
+                                     stderr=subprocess.STDOUT, cwd=REPO, env=full_env, start_new_session=True,
+                                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
         proc = NodeProcess(i, popen, log_path)
         self.processes.append(proc)
         return proc

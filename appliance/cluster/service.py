@@ -1,0 +1,324 @@
+"""The cluster side of one node: discovery, peer links, membership, replicated spaces and forwarding streams, wired.
+
+The broker / server layer gives callbacks (persist and apply what changed, enqueue what was forwarded) and calls
+put / delete / forward / forward_committed. Flows run here:
+- link up: digests of every space to the peer (anti-entropy), resend of the peer's forwarding buffer;
+- periodically: digests to every live peer, tombstone GC against all known members;
+- local put / delete: applied, reported through on_replicated, pushed to every live peer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.broker.model import Message
+
+from .discovery import Discovery, PeerInfo, parse_seeds
+from .dvv import DVVSet, VersionVector
+from .forwarding import ForwardReceiver, ForwardSender, OnAcked
+from .membership import Membership
+from .peerlinks import PeerLinks
+from .replicated import ReplicatedSpace
+from .wire import ClusterMessage, Digest, Forward, ForwardAck, Repair, RepairRequest
+
+_LOG = logging.getLogger("appliance.cluster")
+DIGEST_CHUNK = 500  # keys per Digest / Repair frame
+
+
+@dataclass(slots=True)
+class ClusterConfig:
+    """Cluster settings of one node."""
+
+    node_id: str
+    cluster: str
+    secret: bytes
+    host: str = "0.0.0.0"
+    port: int = 7946  # peer-link listener; 0 = any free port
+    mqtt_port: int | None = 1883
+    mqtts_port: int | None = None
+    seeds: list[str] = field(default_factory=list)  # "host[:port]" for networks without multicast
+    mdns: bool = True
+    mdns_ttl: int = 120
+    mdns_addresses: list[str] | None = None
+    heartbeat_interval: float = 1.0
+    failure_timeout: float = 5.0
+    anti_entropy_interval: float = 30.0
+    gc_interval: float = 60.0
+    tombstone_grace: float = 600.0
+    spaces: tuple[str, ...] = ("subs", "retained")
+
+
+def _noop(*_: Any) -> None:
+    """Default callback."""
+
+
+@dataclass(slots=True)
+class ClusterCallbacks:
+    """What the node above the cluster layer does when the cluster reports something. All run on the loop."""
+
+    # A key's clock changed (local or remote write, repair) or was collected (None): persist it (dvv.encode) and
+    # the space's counter, and apply dvv.resolve(clock) to the broker's state.
+    on_replicated: Callable[[str, str, DVVSet | None], None] = _noop
+    # A Forward arrived: enqueue it durably, then call forward_committed(peer, fwd.seq).
+    on_forward: Callable[[str, Forward], None] = _noop
+    # Forwards the peer has acknowledged: delete them from the durable in-transit buffer.
+    on_forward_released: Callable[[str, list[Forward]], None] = _noop
+    # A peer's link went up / down.
+    on_member: Callable[[str, bool], None] = _noop
+    # Session takeover / migration and queue replication messages, handled above this layer.
+    on_session_message: Callable[[str, ClusterMessage], None] = _noop
+
+
+class ClusterService:
+    """All cluster machinery of one node; construct with restored state, then async_start()."""
+
+    def __init__(self, config: ClusterConfig, callbacks: ClusterCallbacks, *,
+                 spaces: Mapping[str, ReplicatedSpace] | None = None,
+                 in_transit: Mapping[str, Iterable[Forward]] | None = None,
+                 next_seq: Mapping[str, int] | None = None,
+                 committed_upto: Mapping[str, int] | None = None) -> None:
+        self.config = config
+        self.cb = callbacks
+        self.node_id = config.node_id
+        self.membership = Membership(config.node_id)
+        self.spaces: dict[str, ReplicatedSpace] = {
+            name: ReplicatedSpace(name, config.node_id, grace=config.tombstone_grace) for name in config.spaces}
+        self.spaces.update(spaces or {})
+        self.senders: dict[str, ForwardSender] = {}
+        for peer in set(in_transit or {}) | set(next_seq or {}):
+            self.senders[peer] = ForwardSender(peer, next_seq=(next_seq or {}).get(peer, 1),
+                                               in_transit=(in_transit or {}).get(peer, ()))
+        self.receivers: dict[str, ForwardReceiver] = {
+            peer: ForwardReceiver(peer, committed_upto=n) for peer, n in (committed_upto or {}).items()}
+        self.links = PeerLinks(config.node_id, config.cluster, config.secret, host=config.host, port=config.port,
+                               on_up=self._link_up, on_down=self._link_down, on_message=self._message,
+                               heartbeat_interval=config.heartbeat_interval, timeout=config.failure_timeout)
+        self.discovery: Discovery | None = None
+        self._digest_parts: dict[tuple[str, str], list[tuple[str, VersionVector]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- life cycle ----------------------------------------------------------------------------------------------
+    async def async_start(self) -> None:
+        """Listen, announce, browse, dial seeds, start the periodic rounds."""
+        port = await self.links.async_start()
+        for host, seed_port in parse_seeds(self.config.seeds, self.config.port or port):
+            self.links.async_add_seed(host, seed_port)
+        if self.config.mdns:
+            self.discovery = Discovery(cluster=self.config.cluster, node_id=self.node_id, cluster_port=port,
+                                       mqtt_port=self.config.mqtt_port, mqtts_port=self.config.mqtts_port,
+                                       addresses=self.config.mdns_addresses, ttl=self.config.mdns_ttl,
+                                       on_add=self._discovered, on_update=self._discovered, on_remove=self._vanished)
+            await self.discovery.async_start()
+        self._spawn(self._async_periodic(self.config.anti_entropy_interval, self._async_anti_entropy_round))
+        self._spawn(self._async_periodic(self.config.gc_interval, self._async_gc_round))
+
+    async def async_stop(self) -> None:
+        """Stop rounds, say goodbye on mDNS and on every link."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.discovery is not None:
+            await self.discovery.async_stop()
+        await self.links.async_stop()
+
+    @property
+    def port(self) -> int:
+        """The peer-link port actually bound."""
+        return self.links.port
+
+    def async_add_seed(self, host: str, port: int) -> None:
+        """Add a static peer address at run time. Loop only."""
+        self.links.async_add_seed(host, port)
+
+    def forget_member(self, node_id: str) -> None:
+        """A node is decommissioned for good: drop it from membership so tombstone GC stops waiting for it."""
+        self.membership.forget(node_id)
+        for space in self.spaces.values():
+            space.forget_member(node_id)
+
+    # -- replicated state ----------------------------------------------------------------------------------------
+    def put(self, space: str, key: str, value: bytes, context: Mapping[str, int] | None = None) -> DVVSet:
+        """Write locally, report through on_replicated, push to every live peer."""
+        clock = self.spaces[space].put(key, value, context)
+        self._changed(space, {key: clock}, push=True)
+        return clock
+
+    def delete(self, space: str, key: str, context: Mapping[str, int] | None = None) -> DVVSet:
+        """Delete locally (tombstone), report, push."""
+        clock = self.spaces[space].delete(key, context)
+        self._changed(space, {key: clock}, push=True)
+        return clock
+
+    def _changed(self, space: str, clocks: Mapping[str, DVVSet], push: bool) -> None:
+        """Report changed clocks upward and, for local writes, push them to live peers."""
+        for key, clock in clocks.items():
+            self.cb.on_replicated(space, key, clock)
+        if push and clocks:
+            msg = Repair(space, tuple(clocks.items()))
+            for peer in self.links.up_peers():
+                self.links.async_send(peer, msg)
+
+    def _send_digest(self, peer: str, space: str) -> None:
+        """Our digest of one space, in chunks."""
+        entries, collected = self.spaces[space].digest()
+        chunks = [entries[i : i + DIGEST_CHUNK] for i in range(0, len(entries), DIGEST_CHUNK)] or [()]
+        for n, chunk in enumerate(chunks):
+            last = n == len(chunks) - 1
+            self.links.async_send(peer, Digest(space, chunk, last, collected if last else ()))
+
+    def _on_digest(self, peer: str, msg: Digest) -> None:
+        """Collect a digest's chunks; on the last one, remember it and answer with repairs and requests."""
+        space = self.spaces.get(msg.space)
+        if space is None:
+            return
+        parts = self._digest_parts.setdefault((peer, msg.space), [])
+        parts.extend(msg.entries)
+        if not msg.final:
+            return
+        del self._digest_parts[(peer, msg.space)]
+        space.observe_digest(peer, parts, msg.collected)
+        plan = space.plan_repair(parts, complete=True, collected=msg.collected)
+        clocks = space.clocks_for(plan.push)
+        for i in range(0, len(clocks), DIGEST_CHUNK):
+            self.links.async_send(peer, Repair(msg.space, clocks[i : i + DIGEST_CHUNK]))
+        for i in range(0, len(plan.request), DIGEST_CHUNK):
+            self.links.async_send(peer, RepairRequest(msg.space, tuple(plan.request[i : i + DIGEST_CHUNK])))
+
+    # -- forwarding ----------------------------------------------------------------------------------------------
+    def forward(self, peer: str, message: Message, clients: tuple[str, ...] = (),
+                on_acked: OnAcked | None = None) -> Forward:
+        """Queue a message on the peer's stream (persist the returned Forward), send it if the link is up."""
+        sender = self.senders.setdefault(peer, ForwardSender(peer))
+        fwd = sender.submit(message, clients, on_acked)
+        self.links.async_send(peer, fwd)
+        return fwd
+
+    def forward_committed(self, peer: str, seq: int) -> None:
+        """The durable enqueue of a received Forward is done: ack it (cumulatively) when the prefix grows."""
+        receiver = self.receivers.setdefault(peer, ForwardReceiver(peer))
+        ack = receiver.committed(seq)
+        if ack is not None:
+            self.links.async_send(peer, ack)
+
+    def send(self, peer: str, msg: ClusterMessage) -> bool:
+        """Send a session / replication message; False if the peer's link is down."""
+        return self.links.async_send(peer, msg)
+
+    # -- status --------------------------------------------------------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        """One row per known node for `cluster show`: state, address, rtt, last seen, forwarding lag."""
+        links = {row.peer_id: row for row in self.links.status()}
+        rows: list[dict[str, Any]] = []
+        for node in self.membership.all():
+            member = self.membership.member(node)
+            link = links.get(node)
+            sender = self.senders.get(node)
+            address: tuple[str, int] | None
+            if node == self.node_id:
+                state, address = "self", (self.config.host, self.port)
+            else:
+                state = "running" if self.links.is_up(node) else "unreachable"
+                address = link.address if link is not None and link.address else (member.address if member else None)
+            rows.append({
+                "node": node,
+                "state": state,
+                "address": f"{address[0]}:{address[1]}" if address else None,
+                "rtt_ms": round(link.rtt * 1000, 3) if link is not None and link.rtt is not None else None,
+                "last_seen_s": round(link.last_seen, 3) if link is not None and link.last_seen is not None else None,
+                "in_transit": sender.in_transit if sender else 0,
+                "lag_s": round(sender.lag(), 3) if sender else 0.0,
+            })
+        return rows
+
+    # -- events from discovery and links -------------------------------------------------------------------------
+    def _discovered(self, peer: PeerInfo) -> None:
+        """mDNS found or moved a peer: remember it and keep a link to it."""
+        self.membership.known(peer.node_id, (peer.addresses[0], peer.cluster_port), peer.mqtt_port)
+        self.links.async_add_peer(peer.node_id, peer.addresses[0], peer.cluster_port)
+
+    def _vanished(self, node_id: str) -> None:
+        """mDNS lost a peer; the link layer keeps redialling its last address, liveness comes from the link."""
+        _LOG.info("peer %s no longer announced on mDNS", node_id)
+
+    def _link_up(self, peer: str) -> None:
+        """A link is up: anti-entropy for every space, resend the forwarding buffer, report."""
+        self.membership.set_up(peer, True)
+        for space in self.spaces:
+            self._send_digest(peer, space)
+        sender = self.senders.get(peer)
+        if sender is not None:
+            for fwd in sender.resend():
+                self.links.async_send(peer, fwd)
+        self.cb.on_member(peer, True)
+
+    def _link_down(self, peer: str, reason: str) -> None:
+        """A link is down (or was replaced, then up follows at once)."""
+        for key in [k for k in self._digest_parts if k[0] == peer]:
+            del self._digest_parts[key]
+        if self.membership.set_up(peer, False):
+            self.cb.on_member(peer, False)
+
+    def _message(self, peer: str, msg: ClusterMessage) -> None:
+        """Dispatch one message from an authenticated peer."""
+        if isinstance(msg, Forward):
+            receiver = self.receivers.setdefault(peer, ForwardReceiver(peer))
+            if receiver.accept(msg):
+                self.cb.on_forward(peer, msg)
+            else:
+                dup = receiver.duplicate_ack()
+                if dup is not None:
+                    self.links.async_send(peer, dup)
+        elif isinstance(msg, ForwardAck):
+            sender = self.senders.get(peer)
+            if sender is not None:
+                released = sender.on_ack(msg)
+                if released:
+                    self.cb.on_forward_released(peer, released)
+        elif isinstance(msg, Digest):
+            self._on_digest(peer, msg)
+        elif isinstance(msg, RepairRequest):
+            space = self.spaces.get(msg.space)
+            if space is not None:
+                self.links.async_send(peer, Repair(msg.space, space.clocks_for(msg.keys)))
+        elif isinstance(msg, Repair):
+            space = self.spaces.get(msg.space)
+            if space is not None:
+                self._changed(msg.space, space.merge_many(msg.clocks), push=False)
+        else:
+            self.cb.on_session_message(peer, msg)
+
+    # -- periodic rounds -----------------------------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Start a task and keep a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _async_periodic(self, interval: float, job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run job every interval seconds; an error is logged and the next round still runs."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except Exception:
+                _LOG.exception("cluster round %s failed", getattr(job, "__name__", job))
+
+    async def _async_anti_entropy_round(self) -> None:
+        """Send every space's digest to every live peer."""
+        for peer in self.links.up_peers():
+            for space in self.spaces:
+                self._send_digest(peer, space)
+                await asyncio.sleep(0)  # large spaces: let the loop breathe between peers
+
+    async def _async_gc_round(self) -> None:
+        """Collect tombstones every known member has seen."""
+        members = self.membership.all()
+        now = time.time()
+        for name, space in self.spaces.items():
+            for key in space.collect_garbage(members, now):
+                self.cb.on_replicated(name, key, None)
