@@ -113,7 +113,11 @@ class Connection:
     # ---- inbound -------------------------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes, now: float | None = None) -> list[Packet]:
-        """Decode and check client bytes; returns the packets (topic aliases resolved). Raises MQTTError."""
+        """Decode and check client bytes; returns the packets in order, topic aliases resolved.
+
+        Packets a client pipelines behind CONNECT are returned too: act on them only after a successful CONNACK
+        [MQTT-3.1.4-5]. On MQTTError the whole call's packets are void: answer with error_disconnect(err) and close.
+        """
         if self.error is not None:
             raise self.error
         if self.state is State.CLOSED:
