@@ -178,7 +178,7 @@ async def qos0_fanin(a: argparse.Namespace) -> dict[str, Any]:
 
 async def qos1_pipelined(a: argparse.Namespace) -> dict[str, Any]:
     """N publishers keep a window of unacked QoS1 PUBLISHes open; one QoS1 subscriber acks everything."""
-    sub = await connect(a.port, "bench-q1-sub")
+    sub = await connect(a.port, "bench-q1-sub", clean=False)  # persistent: a durable broker must store before PUBACK
     await subscribe(sub, "bench/q1/#", 1)
     sink, stop = Sink(sub, ids=True), asyncio.Event()
     sink_task = asyncio.create_task(sink.run(stop))
@@ -234,7 +234,7 @@ async def qos1_pipelined(a: argparse.Namespace) -> dict[str, Any]:
 
 async def latency(a: argparse.Namespace) -> dict[str, Any]:
     """Paced QoS1 publishes (payload carries the send time) from N publishers to one QoS1 subscriber."""
-    sub = await connect(a.port, "bench-lat-sub")
+    sub = await connect(a.port, "bench-lat-sub", clean=False)  # persistent, as in qos1
     await subscribe(sub, "bench/lat/#", 1)
     sink, stop = Sink(sub, latency=True), asyncio.Event()
     sink_task = asyncio.create_task(sink.run(stop))
