@@ -72,6 +72,8 @@ def encode_publish(
             topic_bytes = topic.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise MalformedPacket("topic contains a surrogate code point [MQTT-1.5.4-1]") from exc
+        if "\x00" in topic:
+            raise MalformedPacket("topic contains U+0000 [MQTT-1.5.4-2]")
     else:
         topic_bytes = bytes(topic)
     tlen = len(topic_bytes)

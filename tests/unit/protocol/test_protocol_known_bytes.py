@@ -15,6 +15,7 @@ from appliance.protocol import (
     Connect,
     Decoder,
     Disconnect,
+    MQTTError,
     Pingreq,
     Pingresp,
     Properties,
@@ -102,3 +103,22 @@ def test_v5_codes_map_to_311_return_codes_on_encode():
     assert encode(suback, MQTT_311).hex() == "9005000102" "8080"
     assert encode(Connack(False, ReasonCode.BAD_USER_NAME_OR_PASSWORD), MQTT_311).hex() == "20020004"
     assert encode(Connack(False, ReasonCode.QUOTA_EXCEEDED), MQTT_311).hex() == "20020003"  # no 3.1.1 code: unavailable
+
+
+@pytest.mark.parametrize(("packet", "version"), [
+    (Publish("t", b"", 3, packet_id=1), MQTT_311),  # [MQTT-3.3.1-4]
+    (Publish("t", b"", 1), MQTT_5),  # QoS>0 needs a packet identifier [MQTT-2.2.1-3]
+    (Publish("t", b"", 0, dup=True), MQTT_311),  # [MQTT-3.3.1-2]
+    (Publish("t\x00", b""), MQTT_311),  # [MQTT-1.5.4-2]
+    (Subscribe(1, []), MQTT_5),  # [MQTT-3.8.3-3]
+    (Unsubscribe(1, []), MQTT_311),  # [MQTT-3.10.3-2]
+    (Puback(0), MQTT_311),  # [MQTT-2.2.1-3]
+    (Connect("c", MQTT_311, password=b"p"), MQTT_311),  # [MQTT-3.1.2-22]
+    (Connect("c", MQTT_5), MQTT_311),  # level and encoding disagree
+    (Auth(), MQTT_311),  # AUTH is v5 only
+    (Puback(1, 300), MQTT_5),  # a reason code is one byte
+], ids=["qos3", "qos1-no-id", "dup-qos0", "nul-topic", "subscribe-empty", "unsubscribe-empty", "packet-id-0",
+        "311-password-only", "version-mismatch", "auth-311", "reason-code-300"])
+def test_encoder_refuses_invalid_packets_with_mqtt_errors(packet, version):
+    with pytest.raises(MQTTError):
+        encode(packet, version)
