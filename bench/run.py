@@ -37,11 +37,11 @@ WORKLOADS = {
     for w in (
         Workload("qos0", "QoS0 fan-in, 10 publishers -> 1 subscriber, 100 B",
                  {"publishers": 10, "duration": 5}, {"publishers": 10, "duration": 0.5, "max_messages": 100_000},
-                 (("delivered_rate", "msg/s"), ("lost", "msgs"))),
+                 (("delivered_rate", "msg/s"), ("lost", "msgs"), ("broker_drops", "msgs"))),
         Workload("qos1", "QoS1 pipelined, 10 publishers (window 64) -> 1 QoS1 subscriber",
                  {"publishers": 10, "duration": 5, "window": 64},
                  {"publishers": 10, "duration": 0.5, "window": 64, "max_messages": 50_000},
-                 (("delivered_rate", "msg/s"), ("dropped", "msgs"), ("duplicates", "msgs"),
+                 (("delivered_rate", "msg/s"), ("dropped", "msgs"), ("duplicates", "msgs"), ("broker_drops", "msgs"),
                   ("commit_batch_mean", "ops"), ("fsyncs_per_s", "1/s"))),
         Workload("latency", "QoS1 latency at 1500 msg/s, 50 publishers -> 1 subscriber",
                  {"publishers": 50, "rate": 1500, "duration": 10}, {"publishers": 50, "rate": 500, "duration": 1},
