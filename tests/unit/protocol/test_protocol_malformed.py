@@ -227,7 +227,7 @@ def mutate(wire: bytes, mutations: list[tuple[str, int, int]]) -> bytes:
 
 
 @pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_valid_packets_raise_only_mqtt_errors(version, data):
     stream = data.draw(st.lists(_ANY[version], min_size=1, max_size=3))
