@@ -1,9 +1,10 @@
-"""Acknowledged inter-node forwarding (sans-I/O): a per-peer ordered stream of Forward messages.
+"""Acknowledged inter-node streams (sans-I/O): per-peer ordered Forward (and Replicate) messages with acks.
 
 Sender: every forwarded message gets the next sequence number of that peer's stream and stays in the in-transit
 buffer (which the caller also keeps durably, with `next_seq`) until the peer's cumulative ForwardAck covers it; on
 every (re)connect the whole buffer is resent in order. Receiver: drops what it has already accepted (by sequence),
-and acks a sequence only once its own durable enqueue of everything up to it is done.
+and acks a sequence only once its own durable enqueue of everything up to it is done. The same stream carries the
+owner -> replica queue operations of issue 4 (ReplicaSender / ReplicaReceiver), whose acks may carry a refusal.
 
 AckGate joins the acks one publisher's PUBACK / PUBREC waits for: the local commit and each target node's ack, or,
 per the netsplit policy, the knowledge that a target is down.
@@ -15,69 +16,71 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from appliance.broker.model import Message
 
-from .wire import Forward, ForwardAck
+from .wire import Forward, ForwardAck, ReplAck, Replicate
 
-OnAcked = Callable[[int], None]
+OnAcked = Callable[[int, int], None]  # (seq, status): status 0 = committed by the peer, else its refusal code
+M = TypeVar("M", Forward, Replicate)
 
 
 @dataclass(slots=True)
-class _InTransit:
-    """One buffered Forward and who waits for its ack."""
+class _InTransit(Generic[M]):
+    """One buffered message and who waits for its ack."""
 
-    forward: Forward
+    message: M
     queued_at: float
     waiters: list[OnAcked] = field(default_factory=list)
 
 
-class ForwardSender:
-    """The sending side of one peer's stream. Restore with the durable buffer and next_seq after a restart."""
+class StreamSender(Generic[M]):
+    """The sending side of one peer's ordered stream. Restore with the durable buffer and next_seq after a restart."""
 
-    def __init__(self, peer: str, *, next_seq: int = 1, in_transit: Iterable[Forward] = ()) -> None:
+    def __init__(self, peer: str, *, next_seq: int = 1, in_transit: Iterable[M] = ()) -> None:
         self.peer = peer
         self.next_seq = next_seq
-        self._buffer: OrderedDict[int, _InTransit] = OrderedDict()
+        self._buffer: OrderedDict[int, _InTransit[M]] = OrderedDict()
         now = time.monotonic()
-        for fwd in sorted(in_transit, key=lambda f: f.seq):
-            self._buffer[fwd.seq] = _InTransit(fwd, now)
-            self.next_seq = max(self.next_seq, fwd.seq + 1)
+        for msg in sorted(in_transit, key=lambda m: m.seq):
+            self._buffer[msg.seq] = _InTransit(msg, now)
+            self.next_seq = max(self.next_seq, msg.seq + 1)
 
-    def submit(self, message: Message, clients: tuple[str, ...] = (), on_acked: OnAcked | None = None) -> Forward:
-        """Assign the next sequence number and buffer the message; return the Forward to persist and send."""
-        fwd = Forward(self.next_seq, message, clients)
+    def submit_with(self, make: Callable[[int], M], on_acked: OnAcked | None = None) -> M:
+        """Build the next message from its sequence number and buffer it; return it to persist and send."""
+        msg = make(self.next_seq)
         self.next_seq += 1
-        entry = _InTransit(fwd, time.monotonic())
+        entry = _InTransit(msg, time.monotonic())
         if on_acked is not None:
             entry.waiters.append(on_acked)
-        self._buffer[fwd.seq] = entry
-        return fwd
+        self._buffer[msg.seq] = entry
+        return msg
 
-    def on_ack(self, ack: ForwardAck) -> list[Forward]:
-        """Release everything up to ack.seq (cumulative); call each one's waiters; return the released Forwards."""
-        released: list[Forward] = []
+    def release(self, upto: int, status: int = 0) -> list[M]:
+        """Release everything up to `upto` (cumulative); waiters of `upto` get `status`, earlier ones 0."""
+        released: list[M] = []
         while self._buffer:
             seq, entry = next(iter(self._buffer.items()))
-            if seq > ack.seq:
+            if seq > upto:
                 break
             del self._buffer[seq]
-            released.append(entry.forward)
+            released.append(entry.message)
             for waiter in entry.waiters:
-                waiter(seq)
+                waiter(seq, status if seq == upto else 0)
         return released
 
-    def resend(self) -> list[Forward]:
+    def resend(self) -> list[M]:
         """Everything still unacknowledged, oldest first: send it all again on a new link."""
-        return [e.forward for e in self._buffer.values()]
+        return [e.message for e in self._buffer.values()]
 
-    def retarget(self, seqs: Iterable[int]) -> list[tuple[Forward, list[OnAcked]]]:
-        """Take buffered messages out of this stream (their subscriber moved elsewhere); the caller resubmits them."""
+    def retarget(self, seqs: Iterable[int]) -> list[tuple[M, list[OnAcked]]]:
+        """Take buffered messages out of this stream (e.g. their subscriber moved); the caller resubmits them."""
         taken = []
         for seq in seqs:
             entry = self._buffer.pop(seq, None)
             if entry is not None:
-                taken.append((entry.forward, entry.waiters))
+                taken.append((entry.message, entry.waiters))
         return taken
 
     @property
@@ -93,42 +96,92 @@ class ForwardSender:
         return (time.monotonic() if now is None else now) - oldest.queued_at
 
 
-class ForwardReceiver:
+class ForwardSender(StreamSender[Forward]):
+    """A peer's stream of forwarded publications."""
+
+    def submit(self, message: Message, clients: tuple[str, ...] = (), on_acked: OnAcked | None = None) -> Forward:
+        """Buffer a message for the peer; return the Forward to persist and send."""
+        return self.submit_with(lambda seq: Forward(seq, message, clients), on_acked)
+
+    def on_ack(self, ack: ForwardAck) -> list[Forward]:
+        """Release what the peer's cumulative ack covers; return the released Forwards."""
+        return self.release(ack.seq)
+
+
+class ReplicaSender(StreamSender[Replicate]):
+    """Owner -> one replica: the stream of queue operations (issue 4's synchronous queue replication)."""
+
+    def submit(self, client_id: str, op: int, data: bytes, on_acked: OnAcked | None = None) -> Replicate:
+        """Buffer one operation; return the Replicate to persist and send."""
+        return self.submit_with(lambda seq: Replicate(seq, client_id, op, data), on_acked)
+
+    def on_ack(self, ack: ReplAck) -> list[Replicate]:
+        """Release what the replica's cumulative ack covers (ack.status belongs to ack.seq only)."""
+        return self.release(ack.seq, ack.status)
+
+
+class StreamReceiver:
     """The receiving side of one peer's stream. Restore `committed_upto` (persisted with each enqueue)."""
 
     def __init__(self, peer: str, *, committed_upto: int = 0) -> None:
         self.peer = peer
-        self.committed_upto = committed_upto  # every seq <= this is durably enqueued here
-        self.accepted_upto = committed_upto  # every seq <= this is enqueued or being enqueued
+        self.committed_upto = committed_upto  # every seq <= this is durably processed here
+        self.accepted_upto = committed_upto  # every seq <= this is processed or being processed
         self._uncommitted: list[int] = []  # accepted, commit pending, ascending
-        self._done: set[int] = set()
+        self._done: dict[int, int] = {}  # committed seq -> status, waiting for the prefix
 
-    def accept(self, fwd: Forward) -> bool:
-        """True: new, enqueue it durably then call committed(seq). False: a duplicate (resend) to drop."""
-        if fwd.seq <= self.accepted_upto:
+    def accept(self, msg: Forward | Replicate) -> bool:
+        """True: new, process it durably then call committed(seq). False: a duplicate (resend) to drop."""
+        if msg.seq <= self.accepted_upto:
             return False
         # A gap means the sender released those (acked by a previous incarnation of ours, or retargeted).
-        self.accepted_upto = fwd.seq
-        self._uncommitted.append(fwd.seq)
+        self.accepted_upto = msg.seq
+        self._uncommitted.append(msg.seq)
         return True
+
+    def _advance(self, seq: int, status: int) -> list[tuple[int, int]]:
+        """Mark seq committed; return the (seq, status) acks now due: each refusal in the grown prefix, then its end."""
+        if seq not in self._uncommitted:
+            return []  # unknown or already committed
+        self._done[seq] = status
+        before = self.committed_upto
+        due: list[tuple[int, int]] = []
+        while self._uncommitted and self._uncommitted[0] in self._done:
+            head = self._uncommitted.pop(0)
+            head_status = self._done.pop(head)
+            self.committed_upto = head
+            if head_status:
+                due.append((head, head_status))
+        if self.committed_upto == before:
+            return []
+        if not due or due[-1][0] != self.committed_upto:
+            due.append((self.committed_upto, 0))
+        return due
+
+
+class ForwardReceiver(StreamReceiver):
+    """The receiving side of a peer's forwarding stream."""
 
     def committed(self, seq: int) -> ForwardAck | None:
         """The durable enqueue of `seq` finished; return the cumulative ack to send if the acked prefix grew."""
-        self._done.add(seq)
-        advanced = False
-        while self._uncommitted and self._uncommitted[0] in self._done:
-            head = self._uncommitted.pop(0)
-            self._done.discard(head)
-            self.committed_upto = head
-            advanced = True
-        return ForwardAck(self.committed_upto) if advanced else None
+        acks = self._advance(seq, 0)
+        return ForwardAck(acks[-1][0]) if acks else None
 
     def duplicate_ack(self) -> ForwardAck | None:
         """The ack to re-send after dropping duplicates (tells a resending sender what is already safe here)."""
         return ForwardAck(self.committed_upto) if self.committed_upto else None
 
-    def link_lost(self) -> None:
-        """Nothing to forget: accepted messages still commit and are acked on the next link (or re-sent to us)."""
+
+class ReplicaReceiver(StreamReceiver):
+    """The receiving side of an owner's replication stream."""
+
+    def committed(self, seq: int, status: int = 0) -> list[ReplAck]:
+        """Operation `seq` committed (status 0) or refused (a reason code); return the acks to send, in order."""
+        return [ReplAck(s, st) for s, st in self._advance(seq, status)]
+
+    def duplicate_ack(self) -> ReplAck | None:
+        """The ack to re-send after dropping duplicates."""
+        return ReplAck(self.committed_upto) if self.committed_upto else None
 
 
 class AckGate:

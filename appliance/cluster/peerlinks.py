@@ -119,8 +119,13 @@ class _Connection:
                     if not self.links._connection_authenticated(self, event):
                         return "duplicate link"
                 elif isinstance(event, Received):
-                    assert core.peer_id is not None
-                    self.links._deliver(self, event.message)
+                    try:
+                        self.links._deliver(self, event.message)
+                    except Exception:
+                        # A handler bug must not pass silently nor kill the node: drop this link (it redials,
+                        # unacknowledged traffic is resent) and leave the traceback in the log.
+                        _LOG.exception("handling %s from %s failed", type(event.message).__name__, core.peer_id)
+                        return "message handler failed"
                 elif isinstance(event, PeerLeft):
                     return f"peer left: {event.reason}"
             self.flush()

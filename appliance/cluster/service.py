@@ -20,11 +20,11 @@ from appliance.broker.model import Message
 
 from .discovery import Discovery, PeerInfo, parse_seeds
 from .dvv import DVVSet, VersionVector
-from .forwarding import ForwardReceiver, ForwardSender, OnAcked
+from .forwarding import ForwardReceiver, ForwardSender, OnAcked, ReplicaReceiver, ReplicaSender
 from .membership import Membership
 from .peerlinks import PeerLinks
 from .replicated import ReplicatedSpace
-from .wire import ClusterMessage, Digest, Forward, ForwardAck, Repair, RepairRequest
+from .wire import ClusterMessage, Digest, Forward, ForwardAck, Repair, RepairRequest, ReplAck, Replicate
 
 _LOG = logging.getLogger("appliance.cluster")
 DIGEST_CHUNK = 500  # keys per Digest / Repair frame
@@ -70,7 +70,11 @@ class ClusterCallbacks:
     on_forward_released: Callable[[str, list[Forward]], None] = _noop
     # A peer's link went up / down.
     on_member: Callable[[str, bool], None] = _noop
-    # Session takeover / migration and queue replication messages, handled above this layer.
+    # A queue operation from a session owner arrived: commit it, then call replicate_committed(peer, seq, status).
+    on_replicate: Callable[[str, Replicate], None] = _noop
+    # Replication operations the replica has acknowledged (or refused: see each waiter's status).
+    on_replicate_released: Callable[[str, list[Replicate]], None] = _noop
+    # Session takeover / migration messages (SessionTakeover / SessionState / SessionDone), handled above this layer.
     on_session_message: Callable[[str, ClusterMessage], None] = _noop
 
 
@@ -95,6 +99,9 @@ class ClusterService:
                                                in_transit=(in_transit or {}).get(peer, ()))
         self.receivers: dict[str, ForwardReceiver] = {
             peer: ForwardReceiver(peer, committed_upto=n) for peer, n in (committed_upto or {}).items()}
+        # Queue replication streams (issue 4); restore them like the forwarding ones via restore_replication().
+        self.replica_senders: dict[str, ReplicaSender] = {}
+        self.replica_receivers: dict[str, ReplicaReceiver] = {}
         self.links = PeerLinks(config.node_id, config.cluster, config.secret, host=config.host, port=config.port,
                                on_up=self._link_up, on_down=self._link_down, on_message=self._message,
                                heartbeat_interval=config.heartbeat_interval, timeout=config.failure_timeout)
@@ -205,6 +212,26 @@ class ClusterService:
         if ack is not None:
             self.links.async_send(peer, ack)
 
+    def restore_replication(self, peer: str, *, next_seq: int = 1, in_transit: Iterable[Replicate] = (),
+                            committed_upto: int = 0) -> None:
+        """Restore one peer's replication streams from durable state (before async_start)."""
+        self.replica_senders[peer] = ReplicaSender(peer, next_seq=next_seq, in_transit=in_transit)
+        self.replica_receivers[peer] = ReplicaReceiver(peer, committed_upto=committed_upto)
+
+    def replicate(self, peer: str, client_id: str, op: int, data: bytes,
+                  on_acked: OnAcked | None = None) -> Replicate:
+        """Queue one operation for a replica (persist the returned Replicate), send it if the link is up."""
+        sender = self.replica_senders.setdefault(peer, ReplicaSender(peer))
+        rep = sender.submit(client_id, op, data, on_acked)
+        self.links.async_send(peer, rep)
+        return rep
+
+    def replicate_committed(self, peer: str, seq: int, status: int = 0) -> None:
+        """A received operation is committed (status 0) or refused: send the acks now due."""
+        receiver = self.replica_receivers.setdefault(peer, ReplicaReceiver(peer))
+        for ack in receiver.committed(seq, status):
+            self.links.async_send(peer, ack)
+
     def send(self, peer: str, msg: ClusterMessage) -> bool:
         """Send a session / replication message; False if the peer's link is down."""
         return self.links.async_send(peer, msg)
@@ -250,10 +277,10 @@ class ClusterService:
         self.membership.set_up(peer, True)
         for space in self.spaces:
             self._send_digest(peer, space)
-        sender = self.senders.get(peer)
-        if sender is not None:
-            for fwd in sender.resend():
-                self.links.async_send(peer, fwd)
+        for stream in (self.senders.get(peer), self.replica_senders.get(peer)):
+            if stream is not None:
+                for msg in stream.resend():
+                    self.links.async_send(peer, msg)
         self.cb.on_member(peer, True)
 
     def _link_down(self, peer: str, reason: str) -> None:
@@ -279,6 +306,20 @@ class ClusterService:
                 released = sender.on_ack(msg)
                 if released:
                     self.cb.on_forward_released(peer, released)
+        elif isinstance(msg, Replicate):
+            rreceiver = self.replica_receivers.setdefault(peer, ReplicaReceiver(peer))
+            if rreceiver.accept(msg):
+                self.cb.on_replicate(peer, msg)
+            else:
+                rdup = rreceiver.duplicate_ack()
+                if rdup is not None:
+                    self.links.async_send(peer, rdup)
+        elif isinstance(msg, ReplAck):
+            rsender = self.replica_senders.get(peer)
+            if rsender is not None:
+                done = rsender.on_ack(msg)
+                if done:
+                    self.cb.on_replicate_released(peer, done)
         elif isinstance(msg, Digest):
             self._on_digest(peer, msg)
         elif isinstance(msg, RepairRequest):

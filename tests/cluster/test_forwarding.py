@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from appliance.broker.model import Message
 from appliance.cluster import wire
-from appliance.cluster.forwarding import AckGate, ForwardReceiver, ForwardSender
+from appliance.cluster.forwarding import AckGate, ForwardReceiver, ForwardSender, ReplicaReceiver, ReplicaSender
 
 
 def msg(i: int) -> Message:
@@ -18,15 +18,15 @@ def msg(i: int) -> Message:
 
 def test_in_order_delivery_and_cumulative_release() -> None:
     s, r = ForwardSender("b"), ForwardReceiver("a")
-    acked: list[int] = []
-    fwds = [s.submit(msg(i), on_acked=acked.append) for i in range(5)]
+    acked: list[tuple[int, int]] = []
+    fwds = [s.submit(msg(i), on_acked=lambda seq, st: acked.append((seq, st))) for i in range(5)]
     assert [f.seq for f in fwds] == [1, 2, 3, 4, 5]
     assert all(r.accept(f) for f in fwds)
     assert r.committed(2) is None  # 1 not committed yet: no ack for 2
     ack = r.committed(1)
     assert ack == wire.ForwardAck(2)
     released = s.on_ack(ack)
-    assert [f.seq for f in released] == [1, 2] and acked == [1, 2]
+    assert [f.seq for f in released] == [1, 2] and acked == [(1, 0), (2, 0)]
     assert s.in_transit == 3 and [f.seq for f in s.resend()] == [3, 4, 5]
 
 
@@ -90,12 +90,15 @@ def test_sender_restart_resumes_sequence_from_durable_buffer() -> None:
 
 def test_retarget_moves_messages_out_of_the_stream() -> None:
     s = ForwardSender("b")
-    waiter: list[int] = []
-    f1 = s.submit(msg(1), ("c1",), on_acked=waiter.append)
+    def waiter(seq: int, status: int) -> None:
+        raise AssertionError("a retargeted message is not acked on this stream")
+
+    f1 = s.submit(msg(1), ("c1",), on_acked=waiter)
     s.submit(msg(2))
     [(fwd, waiters)] = s.retarget([f1.seq])
-    assert fwd == f1 and waiters == [waiter.append]
+    assert fwd == f1 and waiters == [waiter]
     assert [f.seq for f in s.resend()] == [2]
+    s.on_ack(wire.ForwardAck(2))  # the retargeted message's waiter is not called by this stream any more
 
 
 def test_ack_gate_waits_for_local_commit_and_every_target() -> None:
@@ -123,3 +126,25 @@ def test_ack_gate_netsplit_policy() -> None:
     local_only: list[bool] = []
     AckGate([], local_only.append, local=False)
     assert local_only == [True]
+
+
+def test_replica_stream_reports_refusals_per_operation() -> None:
+    s, r = ReplicaSender("b"), ReplicaReceiver("a")
+    results: list[tuple[int, int]] = []
+    ops = [s.submit("c1", 1, bytes([i]), on_acked=lambda seq, st: results.append((seq, st))) for i in range(4)]
+    assert all(r.accept(op) for op in ops)
+    assert r.committed(2, 0x97) == []  # 1 still pending: nothing due yet
+    acks = r.committed(1)
+    assert acks == [wire.ReplAck(2, 0x97)]
+    for ack in acks:
+        s.on_ack(ack)
+    assert results == [(1, 0), (2, 0x97)]
+    assert r.committed(4) == []
+    acks = r.committed(3, 0x80)
+    assert acks == [wire.ReplAck(3, 0x80), wire.ReplAck(4, 0)]
+    for ack in acks:
+        s.on_ack(ack)
+    assert results[2:] == [(3, 0x80), (4, 0)]
+    assert s.in_transit == 0
+    assert not r.accept(ops[0]) and r.duplicate_ack() == wire.ReplAck(4)
+    assert r.committed(4) == []  # committing twice is harmless

@@ -116,11 +116,11 @@ async def test_forwarded_messages_are_acked_after_commit_and_resent_after_a_cras
     acked: list[int] = []
     try:
         for i in range(3):
-            a.svc.forward("b", msg(i), on_acked=acked.append)
+            a.svc.forward("b", msg(i), on_acked=lambda seq, st: acked.append(seq))
         await asyncio.sleep(0.3)
         assert acked == [] and a.svc.senders["b"].in_transit == 3  # no ack before the receiver's commit
         await b.svc.async_stop()  # b "crashes" holding uncommitted messages
-        a.svc.forward("b", msg(3), on_acked=acked.append)  # buffered while b is down
+        a.svc.forward("b", msg(3), on_acked=lambda seq, st: acked.append(seq))  # buffered while b is down
         b2 = Node("b", committed_upto=0)
         await b2.svc.async_start()
         b2.svc.async_add_seed("127.0.0.1", a.svc.port)
@@ -140,3 +140,27 @@ async def test_restored_spaces_keep_their_counter() -> None:
     restored = ReplicatedSpace("subs", "a", counter=41)
     a = Node("a", spaces={"subs": restored})
     assert a.svc.put("subs", "k", b"v").entries[0].counter == 42
+
+
+async def test_replication_stream_acks_commits_and_refusals() -> None:
+    a, b = Node("a"), Node("b")
+    got: list[tuple[int, bytes]] = []
+
+    def on_replicate(peer: str, rep) -> None:
+        got.append((rep.seq, rep.data))
+        b.svc.replicate_committed(peer, rep.seq, 0x97 if rep.data == b"full" else 0)
+
+    b.svc.cb.on_replicate = on_replicate
+    released: list[int] = []
+    a.svc.cb.on_replicate_released = lambda peer, reps: released.extend(r.seq for r in reps)
+    await connect(a, b)
+    results: list[tuple[int, int]] = []
+    try:
+        for data in (b"e1", b"full", b"e3"):
+            a.svc.replicate("b", "client-1", 1, data, on_acked=lambda seq, st: results.append((seq, st)))
+        await until(lambda: len(results) == 3, "three replication acks")
+        assert results == [(1, 0), (2, 0x97), (3, 0)]
+        assert got == [(1, b"e1"), (2, b"full"), (3, b"e3")] and released == [1, 2, 3]
+    finally:
+        await a.svc.async_stop()
+        await b.svc.async_stop()
