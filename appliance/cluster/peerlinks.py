@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import ClusterError
@@ -26,6 +28,22 @@ _READ_SIZE = 65536
 OnUp = Callable[[str], None]
 OnDown = Callable[[str, str], None]
 OnMessage = Callable[[str, ClusterMessage], None]
+
+
+def mutual_tls_contexts(ca_file: str | Path, cert_file: str | Path,
+                        key_file: str | Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts for peer links: both sides present a certificate from the cluster CA and verify
+    the other's. Peers are dialled by address, so host names are not checked; the node id is still proven by the
+    secret challenge on top of TLS."""
+    contexts = []
+    for purpose in (ssl.Purpose.CLIENT_AUTH, ssl.Purpose.SERVER_AUTH):
+        ctx = ssl.create_default_context(purpose, cafile=str(ca_file))
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(cert_file), str(key_file))
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        contexts.append(ctx)
+    return contexts[0], contexts[1]
 
 
 @dataclass(slots=True)
@@ -150,7 +168,8 @@ class PeerLinks:
     def __init__(self, node_id: str, cluster: str, secret: bytes, *, on_up: OnUp, on_down: OnDown,
                  on_message: OnMessage, host: str = "0.0.0.0", port: int = 0, heartbeat_interval: float = 1.0,
                  timeout: float = 5.0, backoff_initial: float = 0.2, backoff_max: float = 10.0,
-                 connect_timeout: float = 3.0, incarnation: int | None = None, bind_channel: bool = True) -> None:
+                 connect_timeout: float = 3.0, incarnation: int | None = None, bind_channel: bool = True,
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
         if not secret:
             raise ValueError("cluster secret must not be empty")
         self.node_id = node_id
@@ -164,6 +183,7 @@ class PeerLinks:
         self.backoff_max = backoff_max
         self.connect_timeout = connect_timeout
         self.bind_channel = bind_channel  # proofs name the TCP endpoints; turn off only behind NAT / port forwarding
+        self.tls = tls  # (server, client) contexts from mutual_tls_contexts(), or None for plain TCP
         self.incarnation = incarnation if incarnation is not None else time.time_ns() // 1000
         self._on_up = on_up
         self._on_down = on_down
@@ -176,7 +196,9 @@ class PeerLinks:
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def async_start(self) -> int:
         """Open the listener; return the bound port."""
-        self._server = await asyncio.start_server(self._accepted, self.host, self.port)
+        server_ctx = self.tls[0] if self.tls else None
+        self._server = await asyncio.start_server(self._accepted, self.host, self.port, ssl=server_ctx,
+                                                  ssl_handshake_timeout=self.connect_timeout if server_ctx else None)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -272,6 +294,15 @@ class PeerLinks:
         conn = _Connection(self, reader, writer, initiator=False, expected_peer=None)
         await self._spawn(conn.async_run())
 
+    async def _async_open(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Open a TCP (or mutual-TLS) connection to a peer; a peer whose certificate fails is logged."""
+        ctx = self.tls[1] if self.tls else None
+        try:
+            return await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), self.connect_timeout)
+        except ssl.SSLError as exc:
+            _LOG.warning("cluster link to %s:%s refused: TLS handshake failed: %s", host, port, exc)
+            raise
+
     async def _async_dial_loop(self, peer: _Peer) -> None:
         """While the peer is known and has no link: dial, with exponential backoff and full jitter."""
         attempt = 0
@@ -287,7 +318,7 @@ class PeerLinks:
                 continue
             host, port = peer.address
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.connect_timeout)
+                reader, writer = await self._async_open(host, port)
             except (OSError, TimeoutError) as exc:
                 _LOG.debug("dial %s at %s:%s failed: %s", peer.peer_id, host, port, exc)
             else:
@@ -313,7 +344,7 @@ class PeerLinks:
                 await asyncio.sleep(self.heartbeat_interval)
                 continue
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.connect_timeout)
+                reader, writer = await self._async_open(host, port)
             except (OSError, TimeoutError) as exc:
                 _LOG.debug("dial seed %s:%s failed: %s", host, port, exc)
             else:

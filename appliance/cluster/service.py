@@ -22,7 +22,7 @@ from .discovery import Discovery, PeerInfo, parse_seeds
 from .dvv import DVVSet, VersionVector
 from .forwarding import ForwardReceiver, ForwardSender, OnAcked, ReplicaReceiver, ReplicaSender
 from .membership import Membership
-from .peerlinks import PeerLinks
+from .peerlinks import PeerLinks, mutual_tls_contexts
 from .replicated import ReplicatedSpace
 from .wire import ClusterMessage, Digest, Forward, ForwardAck, Repair, RepairRequest, ReplAck, Replicate
 
@@ -51,6 +51,10 @@ class ClusterConfig:
     gc_interval: float = 60.0
     tombstone_grace: float = 600.0
     spaces: tuple[str, ...] = ("subs", "retained")
+    # Mutual TLS on peer links with the cluster CA from provisioning (all three, or none for plain TCP).
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 def _noop(*_: Any) -> None:
@@ -102,9 +106,15 @@ class ClusterService:
         # Queue replication streams (issue 4); restore them like the forwarding ones via restore_replication().
         self.replica_senders: dict[str, ReplicaSender] = {}
         self.replica_receivers: dict[str, ReplicaReceiver] = {}
+        tls = None
+        if config.tls_ca or config.tls_cert or config.tls_key:
+            if not (config.tls_ca and config.tls_cert and config.tls_key):
+                raise ValueError("cluster TLS needs tls_ca, tls_cert and tls_key together")
+            tls = mutual_tls_contexts(config.tls_ca, config.tls_cert, config.tls_key)
         self.links = PeerLinks(config.node_id, config.cluster, config.secret, host=config.host, port=config.port,
                                on_up=self._link_up, on_down=self._link_down, on_message=self._message,
-                               heartbeat_interval=config.heartbeat_interval, timeout=config.failure_timeout)
+                               heartbeat_interval=config.heartbeat_interval, timeout=config.failure_timeout,
+                               tls=tls)
         self.discovery: Discovery | None = None
         self._digest_parts: dict[tuple[str, str], list[tuple[str, VersionVector]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()

@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
 from appliance.cluster import wire
-from appliance.cluster.peerlinks import PeerLinks
+from appliance.cluster.peerlinks import PeerLinks, mutual_tls_contexts
 from tests.cluster.conftest import LOOP_BLOCK_LIMIT, _SlowCallbacks
 
 SECRET = b"loopback-secret"
@@ -209,3 +210,33 @@ def test_watchdog_catches_a_blocking_callback() -> None:
     finally:
         log.removeHandler(handler)
     assert handler.records
+
+
+def write_node_pki(tmp: Path, ca, name: str) -> tuple[Path, Path, Path]:
+    from provisioning.pki import issue_node_cert
+
+    node = issue_node_cert(ca, name, f"dev-{name}", 30, ["127.0.0.1"])
+    (tmp / f"{name}.crt").write_bytes(node.cert_pem)
+    (tmp / f"{name}.key").write_bytes(node.key_pem)
+    (tmp / f"{name}-ca.crt").write_bytes(ca.cert_pem)
+    return tmp / f"{name}-ca.crt", tmp / f"{name}.crt", tmp / f"{name}.key"
+
+
+async def test_mutual_tls_links_and_a_foreign_ca_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pki = pytest.importorskip("provisioning.pki")
+    ca, _ = pki.load_or_create_ca(tmp_path / "ca", "lab")
+    other_ca, _ = pki.load_or_create_ca(tmp_path / "other", "lab")
+    a = Node("a", tls=mutual_tls_contexts(*write_node_pki(tmp_path, ca, "a")))
+    b = Node("b", tls=mutual_tls_contexts(*write_node_pki(tmp_path, ca, "b")))
+    x = Node("x", tls=mutual_tls_contexts(*write_node_pki(tmp_path, other_ca, "x")))  # right secret, wrong CA
+    caplog.set_level(logging.WARNING, "appliance.cluster.link")
+    async with running(a, b, x):
+        a.links.async_add_peer("b", "127.0.0.1", b.links.port)
+        await a.until(lambda: a.links.is_up("b") and b.links.is_up("a"), "TLS link a-b")
+        assert a.links._peers["b"].link.writer.get_extra_info("ssl_object") is not None
+        assert a.links.async_send("b", wire.ForwardAck(5))
+        await b.until(lambda: b.messages, "message over TLS")
+        x.links.async_add_peer("a", "127.0.0.1", a.links.port)
+        await x.until(lambda: any("TLS handshake failed" in r.getMessage() for r in caplog.records), "x refused")
+        assert not x.links.is_up("a") and x.up == [] and x.messages == []
+        assert "x" not in a.up
