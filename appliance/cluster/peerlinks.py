@@ -112,7 +112,7 @@ class _Connection:
             self.core.state = LinkState.CLOSED
             self.writer.close()
             with contextlib.suppress(Exception):
-                await self.writer.wait_closed()
+                await asyncio.wait_for(self.writer.wait_closed(), 2.0)
             self.links._connection_ended(self, reason)
 
     async def _loop(self) -> str:
