@@ -373,3 +373,11 @@ class ClusterService:
         for name, space in self.spaces.items():
             for key in space.collect_garbage(members, now):
                 self.cb.on_replicated(name, key, None)
+
+
+def render_status(rows: list[dict[str, Any]]) -> str:
+    """`cluster show` as a text table (the JSON form is the rows themselves)."""
+    headers = ["node", "state", "address", "rtt_ms", "last_seen_s", "in_transit", "lag_s"]
+    table = [headers] + [["-" if row.get(h) is None else str(row[h]) for h in headers] for row in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)

@@ -10,7 +10,7 @@ import pytest
 from appliance.broker.model import Message
 from appliance.cluster import dvv
 from appliance.cluster.replicated import ReplicatedSpace
-from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
+from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService, render_status
 from appliance.cluster.wire import Forward
 
 WAIT = 15.0
@@ -130,6 +130,9 @@ async def test_forwarded_messages_are_acked_after_commit_and_resent_after_a_cras
             assert a.released == [1, 2, 3, 4] and a.svc.senders["b"].in_transit == 0
             row = next(r for r in a.svc.status() if r["node"] == "b")
             assert row["state"] == "running" and row["in_transit"] == 0
+            table = render_status(a.svc.status()).splitlines()
+            assert table[0].split() == ["node", "state", "address", "rtt_ms", "last_seen_s", "in_transit", "lag_s"]
+            assert table[1].split()[:2] == ["a", "self"] and table[2].split()[:2] == ["b", "running"]
         finally:
             await b2.svc.async_stop()
     finally:
