@@ -273,7 +273,7 @@ BAD_LINES = {
 
 def inject_upload_faults(out: str, bad_per_reason: int = 2, reuploads: int = 1) -> dict[str, int]:
     """Add a segment of bad records (each reason `bad_per_reason` times) and re-upload copies of existing segments."""
-    segs = sorted(str(p) for p in Path(out).rglob("*.jsonl.gz"))
+    segs = sorted((str(p) for p in Path(out).rglob("*.jsonl.gz")), key=lambda p: (-os.path.getsize(p), p))
     with gzip.open(segs[0], "rt") as fh:
         good = json.loads(fh.readline())
     counts = {}

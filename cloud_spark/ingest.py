@@ -22,6 +22,9 @@ KIND_REQUIRES: dict[str, tuple[str, ...]] = {
     "client_published": ("publisher",), "client_acked": ("publisher",), "client_received": ("publisher",),
 }
 CORRUPT = "_corrupt_record"
+REJECT = "_reject_reason"
+QUARANTINE_SCHEMA = "reason string, schema_version int, event_id string, value string, file string, " \
+    "path_device string, path_fleet string, path_date string"
 
 
 def parse_json_lines(raw: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
@@ -73,7 +76,7 @@ def _version_checks(spec: VersionSpec) -> Column:
 
 
 def with_reject_reason(parsed: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
-    """Add `reason`: null for a good record, else the first rule it breaks."""
+    """Add `reject_reason`: null for a good record, else the first rule it breaks."""
     schema = parse_schema(versions)
     bad_type = F.coalesce(*[
         F.when(F.get_json_object("value", f"$.{f.name}").isNotNull() & F.col(f.name).isNull(),
@@ -93,17 +96,18 @@ def with_reject_reason(parsed: DataFrame, versions: Mapping[int, VersionSpec] = 
         (~known, F.concat(F.lit("unknown schema_version: "), F.col("schema_version").cast("string"))),
         (F.col(CORRUPT).isNotNull(), bad_type),
     ])
-    return parsed.withColumn("reason", F.coalesce(reason, per_version))
+    return parsed.withColumn(REJECT, F.coalesce(reason, per_version))
 
 
 def quarantine(checked: DataFrame) -> DataFrame:
     """The rejected records, raw line kept, with the reason and where they came from."""
-    return checked.where(F.col("reason").isNotNull()).select(*QUARANTINE_COLUMNS)
+    bad = checked.where(F.col(REJECT).isNotNull()).withColumn("reason", F.col(REJECT))
+    return bad.select(*QUARANTINE_COLUMNS)
 
 
 def accepted(checked: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
     """The good records in the canonical shape, plus the `date` partition (upload path's, else the wall clock's)."""
-    good = checked.where(F.col("reason").isNull())
+    good = checked.where(F.col(REJECT).isNull())
     for spec in versions.values():
         for old, new in spec.renames.items():
             good = good.withColumn(new, F.when(F.col("schema_version") == spec.version, F.col(old))

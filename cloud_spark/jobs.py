@@ -83,7 +83,7 @@ def ingest_stats(spark: SparkSession, out: str) -> dict[str, object]:
     """Counts over what ingest wrote: events kept, duplicate copies removed, rejects per reason."""
     ev = spark.read.parquet(f"{out}/events").agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("d"))
     row = ev.first()
-    q = spark.read.parquet(f"{out}/quarantine").groupBy("reason").count().collect()
+    q = spark.read.schema(ingest.QUARANTINE_SCHEMA).parquet(f"{out}/quarantine").groupBy("reason").count().collect()
     return {"events": int(row["n"] or 0) if row else 0, "duplicates_removed": int(row["d"] or 0) if row else 0,
             "quarantined": {r["reason"]: int(r["count"]) for r in q}}
 

@@ -1,4 +1,4 @@
-"""Latency transforms: per-hop latencies (monotonic clock within a boot, trusted wall clock across nodes), percentiles."""
+"""Latency transforms: per-hop latencies (monotonic within a boot, trusted wall clock across nodes), percentiles."""
 
 from __future__ import annotations
 

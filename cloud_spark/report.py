@@ -10,9 +10,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+import matplotlib.pyplot as plt
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 TOP = 15
 PLOTS = ("timeline.png", "latency.png", "worst_devices.png", "worst_streams.png")

@@ -21,17 +21,17 @@ def _f(name: str, dtype: T.DataType, nullable: bool) -> T.StructField:
     return T.StructField(name, dtype, nullable)
 
 
-S, I, L, B = T.StringType(), T.IntegerType(), T.LongType(), T.BooleanType()
+S, INT, L, B = T.StringType(), T.IntegerType(), T.LongType(), T.BooleanType()
 
 V1 = T.StructType([
-    _f("event_id", S, False), _f("schema_version", I, False), _f("source", S, False),
+    _f("event_id", S, False), _f("schema_version", INT, False), _f("source", S, False),
     _f("fleet", S, False), _f("device", S, False), _f("node", S, False), _f("firmware", S, False),
     _f("boot_id", S, False), _f("ts_wall_us", L, False), _f("ts_mono_us", L, False),
     _f("clock_synced", B, False), _f("kind", S, False),
-    _f("msg_id", S, True), _f("publisher", S, True), _f("publisher_packet_id", I, True),
-    _f("publisher_seq", L, True), _f("topic", S, True), _f("qos", I, True), _f("retain", B, True),
-    _f("payload_size", I, True), _f("subscriber", S, True), _f("filter", S, True),
-    _f("peer_node", S, True), _f("reason", S, True), _f("dup", B, True), _f("attempt", I, True),
+    _f("msg_id", S, True), _f("publisher", S, True), _f("publisher_packet_id", INT, True),
+    _f("publisher_seq", L, True), _f("topic", S, True), _f("qos", INT, True), _f("retain", B, True),
+    _f("payload_size", INT, True), _f("subscriber", S, True), _f("filter", S, True),
+    _f("peer_node", S, True), _f("reason", S, True), _f("dup", B, True), _f("attempt", INT, True),
 ])
 
 

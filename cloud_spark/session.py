@@ -22,14 +22,14 @@ def under_spark_submit() -> bool:
 
 
 def get_spark(app: str, master: str | None = None, driver_memory: str | None = None,
-              shuffle_partitions: int | None = None) -> SparkSession:
+              shuffle_partitions: int | None = None, conf: dict[str, str] | None = None) -> SparkSession:
     """Start (or join) the session; never overrides a master that spark-submit passed in."""
     builder = SparkSession.builder.appName(app)
     if master is not None or not under_spark_submit():
         builder = builder.master(master or "local[*]")
         builder = builder.config("spark.driver.memory", driver_memory or "2g")
         builder = builder.config("spark.ui.showConsoleProgress", "true")
-    for key, value in JOB_CONF.items():
+    for key, value in {**JOB_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if shuffle_partitions is not None:
