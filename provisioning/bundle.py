@@ -140,11 +140,13 @@ def device_config(device: Device, fleet: FleetSettings, upload: str | None) -> d
         "auth": {"allow_anonymous": device.anonymous, "password_file": str(etc / SECRETS / "passwd"),
                  "acl_file": str(etc / "acl")},
         "deliverylog": {"enabled": upload is not None, "dir": f"{LOGS_DIR}/deliverylog"},
-        "cluster": {"name": device.cluster, "discovery": "mdns", "secret_file": str(etc / SECRETS / "cluster.secret"),
-                    "cafile": str(etc / "cluster-ca.crt")},
+        # Named as appliance.cluster.service.ClusterConfig names them; peer links use mutual TLS when the cluster has
+        # certificates (the inventory guarantees all nodes of a cluster agree), always the HMAC secret.
+        "cluster": {"name": device.cluster, "mdns": True, "secret_file": str(etc / SECRETS / "cluster.secret")},
     }
     if device.tls:
-        config["cluster"] |= {"certfile": str(etc / "node.crt"), "keyfile": str(etc / SECRETS / "node.key")}
+        config["cluster"] |= {"tls_ca": str(etc / "cluster-ca.crt"), "tls_cert": str(etc / "node.crt"),
+                              "tls_key": str(etc / SECRETS / "node.key")}
     if upload is not None:
         bucket, prefix = _split_s3(upload)
         config["upload"] = {"bucket": bucket, "prefix": prefix}

@@ -11,7 +11,7 @@ from appliance.broker.passwords import PasswordFormatError, check_username
 from appliance.protocol.topics import is_valid_topic_filter
 
 # Columns: device_id, hostname, cluster (or "site"), options. Options are `key=value` pairs separated by ';':
-#   tls=yes|no        per-node certificate + MQTT-over-TLS listener on 8883 (default yes)
+#   tls=yes|no        per-node certificate + MQTT-over-TLS listener on 8883 (default yes); the same for a whole cluster
 #   ws=yes|no         MQTT over WebSocket listener on 8080 (default no)
 #   listen=ADDR       address the listeners bind (default 0.0.0.0)
 #   anonymous=yes|no  accept clients without a user name (default no)
@@ -110,10 +110,16 @@ def parse_inventory(text: str) -> list[Device]:
             seen[key] = line
         else:
             devices.append(device)
+    first_of: dict[str, Device] = {}
+    for device in devices:  # peer links are mutual TLS or not for a whole cluster
+        first = first_of.setdefault(device.cluster, device)
+        if device.tls != first.tls:
+            problems.append((device.line, f"tls={'yes' if device.tls else 'no'} differs from cluster {device.cluster!r}"
+                                          f" (tls={'yes' if first.tls else 'no'} on line {first.line})"))
     if not devices and not problems:
         problems.append((1, "the inventory lists no devices"))
     if problems:
-        raise InventoryError(problems)
+        raise InventoryError(sorted(problems))
     return devices
 
 

@@ -23,8 +23,8 @@ N = 50
 
 
 def no_tls(i: int) -> bool:
-    """Devices provisioned without a certificate (tls=no)."""
-    return i % 7 == 3
+    """Devices provisioned without a certificate (tls=no): the whole of cluster field-b."""
+    return i % 3 == 2
 
 
 def inventory(n: int = N) -> str:
@@ -73,6 +73,7 @@ def test_fifty_devices_fifty_bundles(fleet: tuple[Path, Path]) -> None:
         config = load(b / "appliance.toml")  # the broker's own loader accepts it
         assert config.node_name == f"node-{i:03d}" and config.get("node", "fleet") == "test-fleet"
         assert config.extra["cluster"]["name"] == CLUSTERS[i % 3]
+        assert ("tls_cert" in config.extra["cluster"]) == (not no_tls(i))
         assert config.get("auth", "allow_anonymous") is False
         assert bool(config.get("listener", "tls")) == (not no_tls(i))
         index = json.loads((b / "bundle.json").read_text())
@@ -235,6 +236,7 @@ ok-6,node-6,lab
 ok-7,node-7,lab,users=sensor:write:a/#/b
 ok-8,node-8,LAB,
 ok-9,node-9,lab,tls=maybe
+ok-10,node-10,lab,tls=no
 """
 
 
@@ -245,7 +247,7 @@ def test_bad_rows_reported_by_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["--inventory", str(csv_path), "--out", str(out)]) == 2
     err = capsys.readouterr().err.splitlines()
     by_line = {int(line.split(":")[2]): line for line in err}
-    assert sorted(by_line) == [3, 4, 5, 6, 7, 8, 9, 10], err
+    assert sorted(by_line) == [3, 4, 5, 6, 7, 8, 9, 10, 11], err
     assert "device_id 'bad id!'" in by_line[3]
     assert "hostname 'Node_3'" in by_line[4]
     assert "duplicate 'ok-1' (first on line 2)" in by_line[5]
@@ -254,6 +256,7 @@ def test_bad_rows_reported_by_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "not a valid topic filter" in by_line[8]
     assert "cluster 'LAB'" in by_line[9]
     assert "tls='maybe'" in by_line[10]
+    assert "tls=no differs from cluster 'lab' (tls=yes on line 2)" in by_line[11]
     assert not out.exists()  # nothing issued from a bad inventory
 
 
