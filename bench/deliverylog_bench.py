@@ -36,19 +36,53 @@ def _message_events(sink, i: int, pub_pid: int) -> None:
     sink.emit("acked", msg_id=msg_id, subscriber="historian")
 
 
-def emit_ns(n: int) -> float:
-    """Mean ns per emit() call with five-event messages, writer thread running."""
+def _broker_events(sink, messages: list) -> None:
+    """What our broker emits for QoS1 messages from one publisher to one online subscriber (message= style)."""
+    for i, m in enumerate(messages):
+        sink.emit("received", message=m, publisher_packet_id=i % 65535 + 1)
+        sink.emit("routed", message=m, subscriber="historian", filter="plant/+/+/temp", qos=1)
+        sink.emit("delivered", message=m, subscriber="historian", qos=1, attempt=1, dup=False)
+        sink.emit("acked", message=m, subscriber="historian", qos=1)
+
+
+def side_cost(n: int, process: bool) -> tuple[float, float, float]:
+    """(µs of broker-process CPU per message, µs of writer-child CPU per message, gzip B per message)."""
+    import resource
+
+    from appliance.broker.model import Message
+    from appliance.protocol.packets import Properties
+
+    messages = [
+        Message(f"node-a:{i}", "plant/line3/sensor-17/temp", b"x" * 64, 1, False, "sensor-17", time.time(),
+                properties=Properties(user_properties=[("seq", str(i))]))
+        for i in range(n)
+    ]
     d = tempfile.mkdtemp()
     try:
-        log = DeliveryLog(d, fleet="f", device="d", node="node-a", firmware="1.0", boot_id=BOOT, clock_synced=True)
-        t0 = time.perf_counter_ns()
-        for i in range(n // 5):
-            _message_events(log, i, i % 65535 + 1)
-        t1 = time.perf_counter_ns()
+        child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        log = DeliveryLog(d, fleet="fleet-eu", device="pi-0042", node="node-a", firmware="1.4.2", boot_id=BOOT,
+                          clock_synced=True, process=process)
+        t0 = time.process_time()
+        _broker_events(log, messages)
+        log.flush()
+        parent = time.process_time() - t0
         log.close()
-        return (t1 - t0) / n
+        child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        child = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
+        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if ".jsonl.gz" in f)
+        return parent / n * 1e6, child / n * 1e6, size / n
     finally:
         shutil.rmtree(d)
+
+
+def null_cost(n: int) -> float:
+    """µs per message of the same emit calls into NullEventSink (the floor)."""
+    from appliance.broker.model import Message
+
+    messages = [Message(f"node-a:{i}", "t", b"", 1, False, "p", 0.0) for i in range(n)]
+    t0 = time.process_time()
+    _broker_events(NullEventSink(), messages)
+    return (time.process_time() - t0) / n * 1e6
 
 
 class _Collect:
@@ -71,7 +105,8 @@ def writer_cost(messages: int, level: int, rate_per_s: float) -> tuple[float, fl
     c.items = [(k, start_wall + j * step, start_mono + j * step, f) for j, (k, _, _, f) in enumerate(c.items)]
     d = tempfile.mkdtemp()
     try:
-        w = SegmentWriter(d, Identity("fleet-eu", "pi-0042", "node-a", "1.4.2", BOOT), Limits(level=level), lambda: True)
+        ident = Identity("fleet-eu", "pi-0042", "node-a", "1.4.2", BOOT)
+        w = SegmentWriter(d, ident, Limits(level=level), lambda: True)
         batch = max(1, int(rate_per_s * 5 * 0.5))  # one writer pass per 0.5 s
         t0 = time.process_time_ns()
         for s in range(0, len(c.items), batch):
@@ -100,17 +135,110 @@ def qos1_loop(sink, messages: int) -> float:
     return messages / (time.perf_counter() - t0)
 
 
+async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process") -> int:
+    """Run our broker node, with a DeliveryLog as its EventSink when log_dir is set."""
+    from appliance.server.config import load
+    from appliance.server.node import Node
+
+    config = load(None, {"node": {"data_dir": data_dir}, "listener": {"tcp": listen}})
+    events = None
+    if log_dir:
+        events = DeliveryLog(log_dir, fleet="bench", device="bench", node=config.node_name, firmware="bench",
+                             process=mode == "process")
+    node = Node(config, events)
+    await node.async_start()
+    rc = await node.async_run_until_stopped()
+    if events is not None:
+        events.close()
+    return rc
+
+
+def _broker_round(logging_on: bool, duration: float, mode: str) -> tuple[float, int, int]:
+    """One qos1 loadgen run against a fresh broker: (delivered msg/s, delivered, compressed log bytes)."""
+    import json
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from bench.brokers import BROKER_CPU, LOADGEN_CPU, pinned
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp()
+    log_dir = os.path.join(tmp, "deliverylog") if logging_on else ""
+    argv = [sys.executable, "-m", "bench.deliverylog_bench", "serve", f"127.0.0.1:{port}", os.path.join(tmp, "data"),
+            log_dir, mode]
+    broker = subprocess.Popen(pinned(BROKER_CPU, argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or broker.poll() is not None:
+                    raise RuntimeError("broker did not start") from None
+                time.sleep(0.05)
+        out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", "qos1", "--port", str(port),
+                                                  "--duration", str(duration), "--max-messages", "2000000"]),
+                             capture_output=True, text=True, timeout=600, check=True).stdout
+        result = json.loads(out.strip().splitlines()[-1])
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(60)
+    size = 0
+    if log_dir:
+        size = sum(os.path.getsize(os.path.join(log_dir, n)) for n in os.listdir(log_dir) if ".jsonl.gz" in n)
+    shutil.rmtree(tmp)
+    return result["delivered_rate"], result["delivered"], size
+
+
+def broker_ratio(rounds: int, duration: float, mode: str) -> None:
+    """Our broker's QoS1 delivered rate with delivery logging on vs off (alternating), and log bytes per message."""
+    import statistics
+
+    on, off, per_msg = [], [], []
+    for r in range(rounds):
+        for logging_on in ((True, False) if r % 2 else (False, True)):
+            rate, delivered, size = _broker_round(logging_on, duration, mode)
+            (on if logging_on else off).append(rate)
+            if logging_on:
+                per_msg.append(size / max(delivered, 1))
+    m_on, m_off = statistics.median(on), statistics.median(off)
+    print(f"[writer in a {mode}] broker QoS1 delivered rate: off {m_off:.0f} msg/s {sorted(round(x) for x in off)}, "
+          f"on {m_on:.0f} msg/s {sorted(round(x) for x in on)}, ratio {m_on / m_off:.2f}")
+    print(f"log bytes per delivered message (gzip segments): {statistics.median(per_msg):.1f} B")
+
+
 def main() -> None:
     """Print the figures."""
+    import asyncio
+    import sys
+
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        sys.exit(asyncio.run(_serve(*sys.argv[2:6])))
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--broker-rounds", type=int, default=0, help="also run our broker on/off this many rounds")
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--mode", choices=["process", "thread"], default="process", help="where the writer runs")
     args = ap.parse_args()
+    if args.broker_rounds:
+        broker_ratio(args.broker_rounds, args.duration, args.mode)
+        return
     n = args.messages
-    print(f"emit(): {emit_ns(n * 5):.0f} ns per call")
+    print(f"NullEventSink: {null_cost(n):.2f} µs CPU per message (4 emits)")
+    for process in (True, False):
+        parent, child, per_msg = side_cost(n, process)
+        where = "child process" if process else "thread"
+        print(f"writer in a {where}: broker-process CPU {parent:.2f} µs/message, writer child CPU "
+              f"{child:.2f} µs/message, {per_msg:.1f} B/message (4 events)")
     for level in (1, 6, 9):
         for rate in (100.0, 5000.0):
             us, per_msg = writer_cost(n // 2, level, rate)
-            print(f"writer gzip-{level} @ {rate:.0f} msg/s: {us:.2f} µs CPU/event, {per_msg:.1f} B per delivered message")
+            print(f"writer gzip-{level} @ {rate:.0f} msg/s: {us:.2f} µs CPU/event, {per_msg:.1f} B per message")
     d = tempfile.mkdtemp()
     try:
         off, on = [], []

@@ -10,13 +10,16 @@ from typing import Any
 
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
+from .worker import WriterProcess
 from .writer import DeliveryLogError, Item, Limits, SegmentWriter, WriterStats
 
 
 class DeliveryLog:
     """An EventSink writing schema-v1 delivery-log segments for one node (or one client, source="client").
 
-    emit() only timestamps and appends to a deque; a writer thread drains it every `flush_interval_s`.
+    emit() only timestamps and appends to a deque; a thread drains it every `flush_interval_s` (kept short so queued
+    events die young for the garbage collector) into the writer, a child process unless process=False.
+    Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
     """
 
@@ -35,19 +38,30 @@ class DeliveryLog:
         segment_age_s: float = 300.0,
         budget_bytes: int = 256 << 20,
         fsync_every_s: float | None = 10.0,
-        flush_interval_s: float = 0.5,
+        sync_every_s: float = 0.5,
+        flush_interval_s: float = 0.05,
         max_backlog: int = 1_000_000,
         gzip_level: int = 6,
         seq_property: str = "seq",
         strict: bool = False,
+        process: bool = True,
     ) -> None:
         if source not in ("broker", "client"):
             raise DeliveryLogError(f"source must be 'broker' or 'client', not {source!r}")
         identity = Identity(fleet, device, node, firmware, boot_id or read_boot_id(), source)
         probe = clock_synced if callable(clock_synced) else clock_sync_probe(clock_synced)
-        limits = Limits(segment_bytes, segment_age_s, budget_bytes, fsync_every_s, gzip_level)
+        limits = Limits(
+            segment_bytes=segment_bytes, segment_age_s=segment_age_s, budget_bytes=budget_bytes,
+            fsync_every_s=fsync_every_s, flush_every_s=sync_every_s, level=gzip_level,
+        )
         self.identity = identity
-        self._writer = SegmentWriter(directory, identity, limits, probe, seq_property)
+        self._writer: SegmentWriter | WriterProcess
+        if process:  # JSON and gzip in a child process: the broker's GIL only sees emit() and marshal
+            if callable(clock_synced):
+                raise DeliveryLogError("a clock_synced callable needs process=False (give a bool, or None to detect)")
+            self._writer = WriterProcess(directory, identity, limits, clock_synced, seq_property)
+        else:
+            self._writer = SegmentWriter(directory, identity, limits, probe, seq_property)
         self._queue: deque[Item] = deque()
         self._append = self._queue.append
         self._interval = flush_interval_s
@@ -58,6 +72,7 @@ class DeliveryLog:
         self._completed = 0
         self._closing = False
         self._rotate_wanted = False
+        self.discarded = 0  # events emitted after the writer failed
         self._error: BaseException | None = None
         if strict:
             self.emit = self._emit_strict  # type: ignore[method-assign]
@@ -99,7 +114,7 @@ class DeliveryLog:
         return items
 
     def _run(self) -> None:
-        """Write batches until closed; stop (keeping the error for flush/close) if the writer breaks."""
+        """Write batches until closed; on a writer failure keep the error for flush/close and stop queueing."""
         writer = self._writer
         try:
             while True:
@@ -116,16 +131,24 @@ class DeliveryLog:
                 if closing:
                     writer.write(self._drain())
                     writer.close()
+                elif target > self._completed:
+                    writer.sync()
                 with self._done:
                     self._completed = target
                     self._done.notify_all()
                 if closing:
                     return
         except BaseException as exc:  # the error is re-raised to whoever flushes or closes next
+            self._append = self._discard
+            self._queue.clear()
             with self._done:
                 self._error = exc
                 self._completed = 1 << 62
                 self._done.notify_all()
+
+    def _discard(self, item: Item) -> None:
+        """emit() after the writer failed: count, do not queue (memory stays bounded)."""
+        self.discarded += 1
 
     def _request(self, timeout: float | None) -> None:
         """Ask the writer thread for one pass and wait until it has done it."""

@@ -48,6 +48,7 @@ class Limits:
     segment_age_s: float = 300.0  # age at which a segment is closed (so uploads are never older than this)
     budget_bytes: int = 256 << 20  # this writer's closed + open segments; oldest closed ones are evicted beyond it
     fsync_every_s: float | None = 10.0  # fsync the open segment this often (None: only at close)
+    flush_every_s: float = 0.5  # sync-flush the compressor this often: what a SIGKILL can lose at most
     level: int = 6  # gzip level
 
     def check(self) -> None:
@@ -73,8 +74,10 @@ class _Open:
     size: int = 0
     events: int = 0
     last_counter: int = -1
-    dirty: bool = False
+    dirty: bool = False  # written since the last fsync
     last_fsync: float = 0.0
+    unflushed: bool = False  # data in the compressor since the last sync flush
+    last_flush: float = 0.0
 
 
 @dataclass(slots=True)
@@ -90,6 +93,15 @@ class WriterStats:
     lost_events: int = 0  # dropped on write errors or backlog overflow (each recorded as log_evicted)
     bad_fields: int = 0  # fields outside the schema, dropped
     recovered: list[str] = field(default_factory=list)
+
+
+def message_tuple(msg: Any, full: bool) -> tuple[Any, ...]:
+    """A broker Message as plain values (msg_id, publisher, topic, qos, retain, payload size, user properties)."""
+    if not full:
+        return (msg.msg_id, None, None, None, None, None, ())
+    props = getattr(msg, "properties", None)
+    user = getattr(props, "user_properties", None) or ()
+    return (msg.msg_id, msg.publisher, msg.topic, msg.qos, msg.retain, len(msg.payload), tuple(user))
 
 
 def _compact_encoder() -> Callable[[Any], str]:
@@ -248,22 +260,24 @@ class SegmentWriter:
         return "".join(lines).encode()
 
     def _expand(self, kind: str, fields: dict[str, Any]) -> None:
-        """Replace a `message=` field (a broker Message) by its schema fields; explicitly passed fields win."""
+        """Replace a `message=` field (a broker Message or its message_tuple) by schema fields; explicit ones win."""
         msg = fields.pop("message")
         if msg is None:
             return
-        fields.setdefault("msg_id", msg.msg_id)
+        msg_id, publisher, topic, qos, retain, size, user_properties = (
+            msg if type(msg) is tuple else message_tuple(msg, full=True)
+        )
+        fields.setdefault("msg_id", msg_id)
         if kind not in FULL_MESSAGE_KINDS:
             return  # the rest joins in from the message's `received` record by msg_id
-        fields.setdefault("publisher", msg.publisher or None)
-        fields.setdefault("topic", msg.topic)
-        fields.setdefault("qos", msg.qos)
-        fields.setdefault("retain", msg.retain)
-        fields.setdefault("payload_size", len(msg.payload))
+        fields.setdefault("publisher", publisher or None)
+        fields.setdefault("topic", topic)
+        fields.setdefault("qos", qos)
+        fields.setdefault("retain", retain)
+        fields.setdefault("payload_size", size)
         if "publisher_seq" not in fields:
-            name = self.seq_property
-            for key, value in getattr(getattr(msg, "properties", None), "user_properties", ()):
-                if key == name:
+            for key, value in user_properties:
+                if key == self.seq_property:
                     try:
                         seq = int(value)
                     except ValueError:
@@ -280,10 +294,10 @@ class SegmentWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         comp = zlib.compressobj(self.limits.level, zlib.DEFLATED, 31)
         now = time.monotonic()
-        return _Open(name, fd, comp, now, last_fsync=now)
+        return _Open(name, fd, comp, now, last_fsync=now, last_flush=now)
 
     def _write_chunk(self, items: list[Item], synced: bool) -> None:
-        """Compress and append one chunk, then sync-flush so everything written so far is readable after a kill."""
+        """Compress and append one chunk (whole deflate blocks reach the file as they fill; sync() forces the rest)."""
         if not items:
             return
         seg = self._segment
@@ -291,8 +305,9 @@ class SegmentWriter:
             if seg is None:
                 seg = self._segment = self._open()
             self._reserve(self._counter + len(items), self._seq)
-            data = seg.comp.compress(self._encode(items, synced)) + seg.comp.flush(zlib.Z_SYNC_FLUSH)
-            write_all(seg.fd, data)
+            data = seg.comp.compress(self._encode(items, synced))
+            if data:
+                write_all(seg.fd, data)
         except OSError as exc:
             self._fail(seg, exc, len(items))
             return
@@ -300,7 +315,7 @@ class SegmentWriter:
         seg.size += len(data)
         seg.events += len(items)
         seg.last_counter = self._counter - 1
-        seg.dirty = True
+        seg.dirty = seg.unflushed = True
         self.stats.events += len(items)
         self.stats.bytes += len(data)
         if seg.size >= self.limits.segment_bytes:
@@ -323,8 +338,26 @@ class SegmentWriter:
                 pass  # left as .part; recovered at the next start
         self.record_loss(f"write_error {errno.errorcode.get(exc.errno or 0, exc.errno)}", events)
 
+    def sync(self) -> None:
+        """Sync-flush the compressor: every record written so far is in the file (readable after a SIGKILL)."""
+        if self._pending:
+            self.write([])
+        seg = self._segment
+        if seg is None or not seg.unflushed:
+            return
+        try:
+            data = seg.comp.flush(zlib.Z_SYNC_FLUSH)
+            write_all(seg.fd, data)
+        except OSError as exc:
+            self._fail(seg, exc, 0)
+            return
+        seg.size += len(data)
+        self.stats.bytes += len(data)
+        seg.unflushed = False
+        seg.last_flush = time.monotonic()
+
     def tick(self) -> None:
-        """Time-driven work: write queued loss records, close an aged segment, fsync a dirty one."""
+        """Time-driven work: write queued loss records, close an aged segment, sync-flush and fsync a dirty one."""
         if self._pending:
             self.write([])
         seg = self._segment
@@ -333,7 +366,10 @@ class SegmentWriter:
         now = time.monotonic()
         if now - seg.opened_mono >= self.limits.segment_age_s:
             self.rotate()
-        elif seg.dirty and self.limits.fsync_every_s is not None and now - seg.last_fsync >= self.limits.fsync_every_s:
+            return
+        if seg.unflushed and now - seg.last_flush >= self.limits.flush_every_s:
+            self.sync()
+        if seg.dirty and self.limits.fsync_every_s is not None and now - seg.last_fsync >= self.limits.fsync_every_s:
             os.fsync(seg.fd)
             seg.dirty = False
             seg.last_fsync = now

@@ -36,14 +36,14 @@ SAMPLES = {
 }
 
 
-@pytest.fixture
-def make_log(tmp_path):
-    """Open DeliveryLogs in tmp_path/log with a fixed identity; closes any left open."""
+@pytest.fixture(params=[True, False], ids=["process", "thread"])
+def make_log(tmp_path, request):
+    """Open DeliveryLogs in tmp_path/log with a fixed identity, writer in a child process or a thread."""
     opened = []
 
     def make(directory=None, **kw):
         opts = dict(fleet="fleet-1", device="dev-1", node="n1", firmware="1.2.3", boot_id=BOOT, clock_synced=True,
-                    flush_interval_s=0.05)
+                    flush_interval_s=0.05, process=request.param)
         opts.update(kw)
         log = DeliveryLog(str(directory or tmp_path / "log"), **opts)
         opened.append(log)

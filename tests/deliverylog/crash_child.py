@@ -8,9 +8,10 @@ from .conftest import BOOT
 
 
 def main() -> None:
-    directory, run, segment_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    directory, run, segment_bytes, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     log = DeliveryLog(directory, fleet="f", device="d", node="n1", firmware="1", boot_id=BOOT, clock_synced=True,
-                      segment_bytes=segment_bytes, budget_bytes=1 << 30, flush_interval_s=0.01)
+                      segment_bytes=segment_bytes, budget_bytes=1 << 30, flush_interval_s=0.01,
+                      process=mode == "process")
     i = 0
     while True:
         for _ in range(37):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from appliance.deliverylog import DeliveryLog, read_segment, read_segments
 from appliance.deliverylog.segments import PART, closed_segments
 
@@ -15,10 +17,10 @@ from .conftest import BOOT
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run_and_kill(directory, run, segment_bytes, rng):
+def _run_and_kill(directory, run, segment_bytes, mode, rng):
     """Start the child, let it write for a random while, SIGKILL it; return the last index it reported flushed."""
     child = subprocess.Popen([sys.executable, "-m", "tests.deliverylog.crash_child", directory, run,
-                              str(segment_bytes)], cwd=ROOT,
+                              str(segment_bytes), mode], start_new_session=True, cwd=ROOT,
                              stdout=subprocess.PIPE, text=True)
     last = -1
     first_line = child.stdout.readline()  # writing has started
@@ -28,7 +30,7 @@ def _run_and_kill(directory, run, segment_bytes, rng):
     os.set_blocking(child.stdout.fileno(), False)
     while time.monotonic() < deadline:
         time.sleep(0.01)
-    child.send_signal(signal.SIGKILL)
+    os.killpg(child.pid, signal.SIGKILL)  # the emitting process and its writer process die at the same instant
     child.wait()
     os.set_blocking(child.stdout.fileno(), True)
     for line in child.stdout.read().splitlines():  # lines printed before the kill = flushed before the kill
@@ -36,14 +38,15 @@ def _run_and_kill(directory, run, segment_bytes, rng):
     return last
 
 
-def test_sigkill_during_writing_loses_nothing_flushed_and_duplicates_nothing(tmp_path):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_sigkill_during_writing_loses_nothing_flushed_and_duplicates_nothing(tmp_path, mode):
     rng = random.Random()
     directory = str(tmp_path / "log")
     reported = {}
     for n in range(5):
         run = f"r{n}"
         # small segments rotate under the kills; the last run's single large segment is always open when killed
-        reported[run] = _run_and_kill(directory, run, 4096 if n < 4 else 1 << 24, rng)
+        reported[run] = _run_and_kill(directory, run, 4096 if n < 4 else 1 << 24, mode, rng)
     parts_left = [n for n in os.listdir(directory) if n.endswith(PART)]
     assert parts_left, "the last kill must leave an open segment to recover"
     DeliveryLog(directory, fleet="f", device="d", node="n1", firmware="1", boot_id=BOOT).close()  # recovers
@@ -56,3 +59,23 @@ def test_sigkill_during_writing_loses_nothing_flushed_and_duplicates_nothing(tmp
         got = [int(r["msg_id"].split("-")[1]) for r in records if r["msg_id"].startswith(run + "-")]
         assert got == list(range(len(got))), f"{run}: records are not a clean prefix"
         assert len(got) >= last + 1, f"{run}: flushed up to {last} but only {len(got)} records survived"
+
+
+def test_a_killed_broker_process_leaves_its_writer_to_close_the_segment_cleanly(tmp_path):
+    directory = str(tmp_path / "log")
+    child = subprocess.Popen([sys.executable, "-m", "tests.deliverylog.crash_child", directory, "r0", str(1 << 24),
+                              "process"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    last = int(child.stdout.readline())
+    time.sleep(0.2)
+    child.send_signal(signal.SIGKILL)  # only the emitting process: its writer sees EOF on the pipe
+    child.wait()
+    last = max([last, *(int(line) for line in child.stdout.read().splitlines())])
+    deadline = time.monotonic() + 60
+    while [n for n in os.listdir(directory) if n.endswith(PART)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [n for n in os.listdir(directory) if n.endswith(PART)], "the writer must close the open segment"
+    (name,) = closed_segments(directory)
+    content = read_segment(os.path.join(directory, name))
+    assert content.complete
+    got = [int(r["msg_id"].split("-")[1]) for r in content.records]
+    assert got == list(range(len(got))) and len(got) >= last + 1

@@ -76,7 +76,7 @@ def test_strict_mode_rejects_bad_events(make_log):
 
 def test_clock_sync_flag_is_conservative_across_a_sync(make_log, tmp_path):
     synced = [False]
-    log = make_log(clock_synced=lambda: synced[0], flush_interval_s=30.0)
+    log = make_log(clock_synced=lambda: synced[0], flush_interval_s=30.0, process=False)
     log.emit("node_start")
     log.flush()
     synced[0] = True

@@ -1,0 +1,75 @@
+"""Entry point of the delivery-log writer child process (see worker.py for the frame protocol)."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import select
+import signal
+import sys
+import time
+from dataclasses import asdict
+
+from .identity import Identity, clock_sync_probe
+from .worker import FrameReader, send
+from .writer import DeliveryLogError, Limits, SegmentWriter
+
+TICK_S = 0.2
+
+
+def _stats_json(writer: SegmentWriter) -> bytes:
+    return json.dumps(asdict(writer.stats)).encode()
+
+
+def main() -> int:
+    """Child entry point: serve frames from stdin until C or EOF."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent decides when we stop (C frame or EOF)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = sys.stdout.buffer
+    reader = FrameReader(sys.stdin.fileno())
+    frame = reader.read()
+    if frame is None or frame[0] != b"S":
+        return 2
+    cfg = json.loads(frame[1])
+    try:
+        writer = SegmentWriter(
+            cfg["directory"], Identity(**cfg["identity"]), Limits(**cfg["limits"]),
+            clock_sync_probe(cfg["clock_synced"]), cfg["seq_property"],
+        )
+    except (DeliveryLogError, OSError) as exc:
+        send(out, b"E", str(exc).encode())
+        return 1
+    send(out, b"A", _stats_json(writer))
+    last_tick = time.monotonic()
+    while True:
+        ready, _, _ = select.select([reader.fd], [], [], TICK_S) if not reader.buf else ([reader.fd], [], [])
+        if time.monotonic() - last_tick >= TICK_S:
+            writer.tick()
+            last_tick = time.monotonic()
+        if not ready:
+            continue
+        frame = reader.read()
+        if frame is None:
+            writer.close()
+            return 0
+        kind, payload = frame
+        if kind == b"B":
+            writer.write(marshal.loads(payload))
+        elif kind == b"L":
+            reason, events = json.loads(payload)
+            writer.record_loss(reason, events)
+        elif kind == b"F":
+            writer.sync()
+            send(out, b"A", _stats_json(writer))
+        elif kind == b"R":
+            writer.write([])
+            writer.rotate()
+            send(out, b"A", _stats_json(writer))
+        elif kind == b"C":
+            writer.close()
+            send(out, b"A", _stats_json(writer))
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The segment writer in a child process: the broker only marshals batches down a pipe, no GIL shared with JSON/gzip.
+
+Frames on the pipes are `<type byte><u32 length><payload>`. Parent -> child: S(etup JSON), B(atch, marshal),
+L(oss JSON), F(lush), R(otate), C(lose). Child -> parent: A(ck, stats JSON) or E(rror text). The child ignores
+SIGTERM/SIGINT and exits on EOF after closing its segment, so a killed or stopping broker loses nothing it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import struct
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import IO, Any
+
+from .identity import Identity
+from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Item, Limits, WriterStats, message_tuple
+
+_HEAD = struct.Struct("!cI")
+
+
+def send(out: IO[bytes], kind: bytes, payload: bytes = b"") -> None:
+    """Write one frame."""
+    out.write(_HEAD.pack(kind, len(payload)) + payload)
+    out.flush()
+
+
+class FrameReader:
+    """Reads whole frames from a raw fd (select-friendly: no hidden buffering)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+
+    def _fill(self, n: int) -> bool:
+        """Read until `n` bytes are buffered; False at EOF."""
+        while len(self.buf) < n:
+            chunk = os.read(self.fd, max(1 << 16, n - len(self.buf)))
+            if not chunk:
+                return False
+            self.buf += chunk
+        return True
+
+    def read(self) -> tuple[bytes, bytes] | None:
+        """The next frame, or None at EOF."""
+        if not self._fill(_HEAD.size):
+            return None
+        kind, length = _HEAD.unpack_from(self.buf)
+        if not self._fill(_HEAD.size + length):
+            return None
+        payload = bytes(self.buf[_HEAD.size : _HEAD.size + length])
+        del self.buf[: _HEAD.size + length]
+        return kind, payload
+
+
+def _plain_value(value: Any) -> Any:
+    """A value marshal can carry: exact builtins pass, enums become their lower-case name, the rest plain or text."""
+    if type(value) in (str, int, float, bool, type(None), tuple):
+        return value
+    name = getattr(value, "name", None)
+    if isinstance(name, str):
+        return name.lower()
+    for plain in (bool, int, float, str):
+        if isinstance(value, plain):
+            return plain(value)
+    return str(value)
+
+
+def pack(items: list[Item]) -> bytes:
+    """Marshal a batch, reducing broker Messages to plain tuples first (done on the broker's drain thread)."""
+    for item in items:
+        fields = item[3]
+        if "message" in fields:
+            msg = fields["message"]
+            if msg is not None and type(msg) is not tuple:
+                if item[0] in FULL_MESSAGE_KINDS:
+                    fields["message"] = message_tuple(msg, full=True)
+                else:
+                    del fields["message"]
+                    fields.setdefault("msg_id", msg.msg_id)
+    try:
+        return marshal.dumps(items, 4)
+    except ValueError:  # an enum or another non-builtin value somewhere: the slow path
+        clean = [(str(k), w, m, {str(n): _plain_value(v) for n, v in f.items()}) for k, w, m, f in items]
+        return marshal.dumps(clean, 4)
+
+
+class WriterProcess:
+    """Parent-side handle with SegmentWriter's interface; the work runs in `python -m appliance.deliverylog.child`."""
+
+    def __init__(
+        self, directory: str, identity: Identity, limits: Limits, clock_synced: bool | None, seq_property: str
+    ) -> None:
+        self._setup = json.dumps(
+            {"directory": directory, "identity": asdict(identity), "limits": asdict(limits),
+             "clock_synced": clock_synced, "seq_property": seq_property}
+        ).encode()
+        self.stats = WriterStats()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
+        """Start the child and wait for it to open the directory (recovering parts, taking the lock)."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "appliance.deliverylog.child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        self.proc = proc
+        self._reader = FrameReader(proc.stdout.fileno())
+        send(proc.stdin, b"S", self._setup)
+        self._await_ack()
+
+    def _await_ack(self) -> None:
+        """Wait for the child's ack (updating stats); raise DeliveryLogError on its error or death."""
+        frame = self._reader.read()
+        if frame is None:
+            code = self.proc.wait() if self.proc else None
+            raise DeliveryLogError(f"delivery-log writer process exited ({code})")
+        kind, payload = frame
+        if kind == b"E":
+            raise DeliveryLogError(payload.decode(errors="replace"))
+        data = json.loads(payload)
+        self.stats = WriterStats(**data)
+
+    def _call(self, kind: bytes, payload: bytes = b"", ack: bool = False) -> None:
+        """Send one frame (and wait for the ack); a dead child is restarted once and the loss recorded."""
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            send(self.proc.stdin, kind, payload)
+            if ack:
+                self._await_ack()
+        except (BrokenPipeError, DeliveryLogError) as exc:
+            if isinstance(exc, DeliveryLogError) and "exited" not in str(exc):
+                raise
+            self.restarts += 1
+            self._spawn()  # recovers the open segment the dead child left
+            if kind == b"B":
+                self.record_loss("writer_restart", len(marshal.loads(payload)))
+
+    def write(self, items: list[Item]) -> None:
+        """Hand a batch to the child."""
+        if items:
+            self._call(b"B", pack(items))
+
+    def record_loss(self, reason: str, events: int) -> None:
+        """Have the child record a log_evicted for events lost before reaching it."""
+        self._call(b"L", json.dumps([reason, events]).encode())
+
+    def tick(self) -> None:
+        """The child ticks on its own."""
+
+    def sync(self) -> None:
+        """Wait until the child has written everything sent so far."""
+        self._call(b"F", ack=True)
+
+    def rotate(self) -> None:
+        """Close the open segment now."""
+        self._call(b"R", ack=True)
+
+    def close(self) -> None:
+        """Close the segment and let the child exit."""
+        if self.proc is None:
+            return
+        self._call(b"C", ack=True)
+        self.proc.wait(60)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+        self.proc = None
