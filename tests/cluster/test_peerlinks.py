@@ -170,7 +170,8 @@ async def test_silent_peer_is_detected_down_and_redialled_after_heal() -> None:
             hole.dropping = True
             await a.until(lambda: a.down, "failure detected at a")
             await b.until(lambda: b.down, "failure detected at b")
-            assert "no traffic" in a.down[0][1]
+            # whichever side times out first closes; the other may then see the close instead of the silence
+            assert any("no traffic" in reason for _, reason in a.down + b.down)
             hole.dropping = False
             await a.until(lambda: len(a.up) == 2, "redial after heal")
             assert a.links.async_send("b", wire.ForwardAck(2))
