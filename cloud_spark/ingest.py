@@ -90,6 +90,7 @@ def with_reject_reason(parsed: DataFrame, versions: Mapping[int, VersionSpec] = 
     reason = _first_reason([
         (F.trim(F.col("value")) == "", "empty record"),
         (F.col(CORRUPT).isNotNull() & F.get_json_object("value", "$").isNull(), "malformed JSON"),
+        (~F.ltrim(F.col("value")).startswith("{"), "not a JSON object"),
         (F.col(CORRUPT).isNotNull() & F.col("schema_version").isNull()
          & F.get_json_object("value", "$.schema_version").isNotNull(), "bad type for field: schema_version"),
         (F.col("schema_version").isNull(), "missing required field: schema_version"),

@@ -29,13 +29,17 @@ def step(name: str, log: Callable[[str], None] | None = None) -> Iterator[None]:
     say(f"[cloud_spark] {name} done in {time.monotonic() - t0:.1f}s")
 
 
-def _with_path_columns(df: DataFrame, fleets: Sequence[str] | None, dates: Sequence[str] | None) -> DataFrame:
+def _with_path_columns(df: DataFrame, fleets: Sequence[str] | None, dates: Sequence[str] | None,
+                       keep: bool = False) -> DataFrame:
     if fleets and "fleet" in df.columns:
         df = df.where(F.col("fleet").isin(*fleets))
     if dates and "date" in df.columns:
         df = df.where(F.col("date").isin(*dates))
     for part, col in PATH_COLUMNS.items():
-        df = df.withColumnRenamed(part, col) if part in df.columns else df.withColumn(col, F.lit(None).cast("string"))
+        if part not in df.columns:
+            df = df.withColumn(col, F.lit(None).cast("string"))
+        else:
+            df = df.withColumn(col, F.col(part)) if keep else df.withColumnRenamed(part, col)
     return df
 
 
@@ -55,8 +59,7 @@ def read_parquet_segments(spark: SparkSession, root: str, versions: Mapping[int,
         return spark.createDataFrame([], parse_schema(versions))
     df = spark.read.option("pathGlobFilter", "*.parquet").option("basePath", root).parquet(root)
     df = df.withColumn("file", F.input_file_name())
-    path = {c: F.lit(None).cast("string") for c in PATH_COLUMNS.values()}
-    return _with_path_columns(df, fleets, dates).withColumns({k: v for k, v in path.items() if k not in df.columns})
+    return _with_path_columns(df, fleets, dates, keep=True)
 
 
 def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | None = None,

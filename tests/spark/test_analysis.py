@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 pytest.importorskip("pyspark")
-from chispa import assert_df_equality  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
 
-from cloud_spark import jobs  # noqa: E402
-from tests.spark.fleetdata import MS, T0, Node, S, write_by_device  # noqa: E402
+from cloud_spark import jobs
+from tests.spark.fleetdata import MS, T0, Node, S, write_by_device
 
 pytestmark = pytest.mark.spark
 W = T0 + 600 * S  # analysis window end

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyspark")
-from pyspark.sql import types as T  # noqa: E402
+from pyspark.sql import types as T
 
-from cloud_spark import schema  # noqa: E402
+from cloud_spark import schema
 
 pytestmark = pytest.mark.spark
 CONTRACT = Path(__file__).resolve().parents[2] / "schema" / "deliverylog.v1.json"
