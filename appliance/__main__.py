@@ -1,3 +1,7 @@
-from appliance.cli import main
+"""`python -m appliance`: the same as the `appliance` command."""
+
 import sys
+
+from appliance.cli import main
+
 sys.exit(main())

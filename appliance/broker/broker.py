@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from appliance.protocol.packets import (
     MQTT_5,
@@ -81,6 +82,17 @@ class Broker:
         self._expiring: set[str] = set()  # offline sessions with a finite expiry
         self._msg_prefix = f"{settings.node_id}-{int(clock() * 1000):x}-"
         self._msg_counter = 0
+        self._handlers: dict[type, Callable[[Session, ClientLink, Any], None]] = {
+            Publish: self._on_publish,
+            Puback: self._on_puback,
+            Pubrec: self._on_pubrec,
+            Pubrel: self._on_pubrel,
+            Pubcomp: self._on_puback,
+            Subscribe: self._on_subscribe,
+            Unsubscribe: self._on_unsubscribe,
+            Pingreq: self._on_pingreq,
+            Disconnect: self._on_disconnect,
+        }
 
     # -- start-up ------------------------------------------------------------------------------------------------
     def restore(self, snapshot: Snapshot) -> None:
@@ -88,7 +100,7 @@ class Broker:
         now = self.clock()
         self.router.retained.update(snapshot.retained)
         for client_id, record in snapshot.sessions.items():
-            session = Session(record, self.store, self.clock)
+            session = Session(record, self.store, self.clock, self.events)
             self.sessions[client_id] = session
             for topic_filter, options in record.subscriptions.items():
                 self.router.tree.add(client_id, topic_filter, options)
@@ -121,16 +133,20 @@ class Broker:
         settings = self.settings
         v5 = packet.protocol_version == MQTT_5
         if auth != ReasonCode.SUCCESS:
-            return self._refuse(link, auth, "auth")
+            self._refuse(link, auth, "auth")
+            return None
         if self.online >= settings.max_connections:
-            return self._refuse(link, ReasonCode.QUOTA_EXCEEDED if v5 else ReasonCode.SERVER_UNAVAILABLE, "limit")
+            self._refuse(link, ReasonCode.QUOTA_EXCEEDED if v5 else ReasonCode.SERVER_UNAVAILABLE, "limit")
+            return None
         if packet.properties.authentication_method is not None:
-            return self._refuse(link, ReasonCode.BAD_AUTHENTICATION_METHOD, "auth_method")
+            self._refuse(link, ReasonCode.BAD_AUTHENTICATION_METHOD, "auth_method")
+            return None
         client_id = packet.client_id
         assigned = None
         if not client_id:
             if not v5 and not packet.clean_start:  # [MQTT-3.1.3-8]
-                return self._refuse(link, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client_id")
+                self._refuse(link, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client_id")
+                return None
             client_id = assigned = f"auto-{uuid.uuid4().hex}"  # [MQTT-3.1.3-6]
         if v5:
             expiry = packet.properties.session_expiry_interval or 0
@@ -152,7 +168,7 @@ class Broker:
         session_present = old is not None
         if old is None:
             record = SessionRecord(client_id, packet.protocol_version, expiry)
-            session = Session(record, None, self.clock)
+            session = Session(record, None, self.clock, self.events)
             self.sessions[client_id] = session
         else:
             session = old
@@ -214,7 +230,6 @@ class Broker:
         self.metrics.connects_refused[why] += 1
         link.send(Connack(False, code))  # [MQTT-3.2.2-6]: session present is 0 on refusal
         link.close(None)
-        return None
 
     def _accept(self, session: Session, link: ClientLink, connack: Connack) -> None:
         """CONNACK goes out once the session is durable; then inflight is resent and the queue drained in order."""
@@ -320,27 +335,13 @@ class Broker:
     # -- packets -------------------------------------------------------------------------------------------------
     def handle(self, session: Session, link: ClientLink, packet: Packet) -> None:
         """Apply one packet from a connected client; raises BrokerError when the connection must end."""
-        kind = type(packet)
-        if kind is Publish:
-            self._on_publish(session, link, packet)  # type: ignore[arg-type]
-        elif kind is Puback:
-            self._on_puback(session, packet.packet_id)  # type: ignore[union-attr]
-        elif kind is Pubrec:
-            self._on_pubrec(session, link, packet)  # type: ignore[arg-type]
-        elif kind is Pubrel:
-            self._on_pubrel(session, link, packet.packet_id)  # type: ignore[union-attr]
-        elif kind is Pubcomp:
-            self._on_puback(session, packet.packet_id)  # type: ignore[union-attr]
-        elif kind is Subscribe:
-            self._on_subscribe(session, link, packet)  # type: ignore[arg-type]
-        elif kind is Unsubscribe:
-            self._on_unsubscribe(session, link, packet)  # type: ignore[arg-type]
-        elif kind is Pingreq:
-            link.send(Pingresp())
-        elif kind is Disconnect:
-            self._on_disconnect(session, link, packet)  # type: ignore[arg-type]
-        else:
-            raise BrokerError(f"unexpected {kind.__name__}", ReasonCode.PROTOCOL_ERROR)
+        handler = self._handlers.get(type(packet))
+        if handler is None:
+            raise BrokerError(f"unexpected {type(packet).__name__}", ReasonCode.PROTOCOL_ERROR)
+        handler(session, link, packet)
+
+    def _on_pingreq(self, session: Session, link: ClientLink, packet: Pingreq) -> None:
+        link.send(Pingresp())
 
     def _ack(self, session: Session, link: ClientLink, ack: Ack, durable: bool) -> None:
         """Send an acknowledgement after the commit that makes it true, keeping acks in order [MQTT-4.6.0-2]."""
@@ -406,11 +407,15 @@ class Broker:
         code = ReasonCode.NO_MATCHING_SUBSCRIBERS if v5 and not reached else ReasonCode.SUCCESS
         ack = Puback(pid, code) if qos == 1 else Pubrec(pid, code)  # type: ignore[arg-type]
         if persisted and events is not None:
-            self.store.after_commit(events.emit, "committed", message=message)
+            self.store.after_commit(self._committed, message)
         self._ack(session, link, ack, persisted)
 
-    def _on_puback(self, session: Session, packet_id: int) -> None:
-        delivery = session.complete(packet_id)
+    def _committed(self, message: Message) -> None:
+        if self.events is not None:
+            self.events.emit("committed", message=message)
+
+    def _on_puback(self, session: Session, link: ClientLink, packet: Puback | Pubcomp) -> None:
+        delivery = session.complete(packet.packet_id)
         if delivery is not None:
             self.metrics.messages_out[delivery.qos] += 1
             if self.events is not None:
@@ -428,7 +433,8 @@ class Broker:
             self.events.emit("released", message=delivery.message, subscriber=session.client_id, qos=2)
         link.send(Pubrel(packet.packet_id))
 
-    def _on_pubrel(self, session: Session, link: ClientLink, packet_id: int) -> None:
+    def _on_pubrel(self, session: Session, link: ClientLink, packet: Pubrel) -> None:
+        packet_id = packet.packet_id
         if packet_id in session.incoming_qos2:
             del session.incoming_qos2[packet_id]
             if session.store is not None:

@@ -9,7 +9,7 @@ from typing import Protocol
 from appliance.protocol.packets import Packet, Pubrel
 
 from .model import Delivery, DeliveryState, Message, SessionRecord
-from .ports import Store
+from .ports import EventSink, Store
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -36,6 +36,7 @@ class Session:
         "clock",
         "connected_at",
         "connecting",
+        "events",
         "expires_at",
         "incoming_qos2",
         "inflight",
@@ -47,7 +48,9 @@ class Session:
         "store",
     )
 
-    def __init__(self, record: SessionRecord, store: Store | None, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, record: SessionRecord, store: Store | None, clock: Callable[[], float], events: EventSink | None = None
+    ) -> None:
         self.record = record
         self.link: ClientLink | None = None
         self.queue: deque[Delivery] = deque()  # waiting, in seq order
@@ -61,6 +64,7 @@ class Session:
         self.connected_at: float | None = None
         self.connecting: ClientLink | None = None  # accepted CONNECT whose CONNACK waits for a commit
         self.clock = clock
+        self.events = events
 
     @property
     def client_id(self) -> str:
@@ -118,6 +122,8 @@ class Session:
             if expiry_at is not None and expiry_at <= now:  # expired while queued [MQTT-3.3.2-5]
                 if self.store is not None:
                     self.store.remove_delivery(self.record.client_id, delivery.seq)
+                if self.events is not None:
+                    self.events.emit("expired", message=delivery.message, subscriber=self.record.client_id)
                 continue
             if delivery.qos == 0:  # queued QoS0 (queue_qos0_offline): fire and forget
                 link.publish(delivery.message, 0, delivery.retain, None, False, delivery.subscription_ids)
@@ -131,6 +137,9 @@ class Session:
             inflight[pid] = delivery
             if self.store is not None:
                 self.store.update_delivery(self.record.client_id, delivery.seq, DeliveryState.SENT, pid)
+            if self.events is not None:
+                self.events.emit("delivered", message=delivery.message, subscriber=self.record.client_id,
+                                 qos=delivery.qos, dup=False, attempt=delivery.attempts)
             if not link.publish(delivery.message, delivery.qos, delivery.retain, pid, False, delivery.subscription_ids):
                 del inflight[pid]  # too large for this client: dropped, never retried [MQTT-3.1.2-25]
                 if self.store is not None:
@@ -146,6 +155,9 @@ class Session:
                 link.send(Pubrel(pid))
             else:
                 delivery.attempts += 1
+                if self.events is not None:
+                    self.events.emit("delivered", message=delivery.message, subscriber=self.record.client_id,
+                                     qos=delivery.qos, dup=True, attempt=delivery.attempts)
                 link.publish(delivery.message, delivery.qos, delivery.retain, pid, True, delivery.subscription_ids)
 
     def complete(self, packet_id: int) -> Delivery | None:

@@ -173,8 +173,8 @@ class Discovery:
         """
         while self._azc is not None:
             await asyncio.sleep(self.requery_interval)
-            if self._azc is None:
-                return
+            if self._azc is None:  # closed while we slept
+                return  # type: ignore[unreachable]
             self._async_expire_silent_peers()
             out = DNSOutgoing(_FLAGS_QR_QUERY)
             out.add_question(DNSQuestion(CLUSTER_SERVICE, _TYPE_PTR, _CLASS_IN))

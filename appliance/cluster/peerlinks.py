@@ -325,8 +325,8 @@ class PeerLinks:
                 conn = _Connection(self, reader, writer, initiator=True, expected_peer=peer.peer_id)
                 # Its own task, so cancelling the dialler (async_remove_peer) leaves an established link alone.
                 await asyncio.wait({self._spawn(conn.async_run())})
-                if peer.link is not None:
-                    continue
+                if peer.link is not None:  # set by the connection task meanwhile
+                    continue  # type: ignore[unreachable]
             attempt += 1
             delay = random.uniform(0, min(self.backoff_max, self.backoff_initial * 2 ** min(attempt, 16)))
             assert peer.wake is not None

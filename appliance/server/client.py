@@ -36,7 +36,7 @@ class ClientProtocol(asyncio.Protocol):
             receive_maximum=settings.receive_maximum,
             topic_alias_maximum=settings.topic_alias_maximum,
         )
-        self.transport: asyncio.BaseTransport | Any = None
+        self.transport: Any = None  # asyncio.Transport, or the WebSocket adapter
         self.session: Session | None = None
         self.protocol_version = 4
         self.keepalive = 0
@@ -88,7 +88,7 @@ class ClientProtocol(asyncio.Protocol):
             session = self.session
             if session is None:
                 if type(packet) is Connect:
-                    self._on_connect(packet)  # type: ignore[arg-type]
+                    self._on_connect(packet)
                     continue
                 self._fail(ReasonCode.PROTOCOL_ERROR)  # [MQTT-3.1.0-1]
                 return
@@ -180,9 +180,10 @@ class ClientProtocol(asyncio.Protocol):
                 remaining = max(0, int(message.expiry_at - self.node.clock()))  # [MQTT-3.3.2-6]
                 props = encode_publish_properties(_with_expiry(message.properties, remaining))
             else:
-                props = message.wire_properties
-                if props is None:
-                    props = message.wire_properties = encode_publish_properties(message.properties)
+                cached = message.wire_properties
+                if cached is None:
+                    cached = message.wire_properties = encode_publish_properties(message.properties)
+                props = cached
         data = self.conn.send_publish(
             message.topic, message.payload, qos, retain, dup, packet_id, props, subscription_ids
         )

@@ -167,7 +167,7 @@ async def async_start_listeners(
     config: Config, loop: asyncio.AbstractEventLoop, factory: Callable[[], asyncio.Protocol]
 ) -> list[asyncio.AbstractServer]:
     """Open every configured listener; raises OSError (port in use) or ConfigError (bad TLS files)."""
-    servers = []
+    servers: list[asyncio.AbstractServer] = []
     tcp = config.get("listener", "tcp")
     if tcp:
         host, port = parse_hostport(tcp, "listener.tcp")

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from typing import Any
 
+from appliance import __version__
 from appliance.broker.acl import Acl, AclSyntaxError
 from appliance.broker.auth import Authenticator
 from appliance.broker.broker import Broker
 from appliance.broker.passwords import PasswordFormatError
 from appliance.broker.ports import EventSink
+from appliance.deliverylog.sink import DeliveryLog
+from appliance.deliverylog.writer import DeliveryLogError
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.store import SqliteStore, StoreError
 
@@ -47,7 +51,7 @@ def _read_text(path: str, key: str) -> str:
 class Node:
     """Owns the event loop's broker, store, listeners and timers for one `appliance run`."""
 
-    def __init__(self, config: Config, events: EventSink | None = None) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.clock = time.time
         self.loop = asyncio.get_running_loop()
@@ -74,6 +78,8 @@ class Node:
         except (PasswordFormatError, AclSyntaxError) as exc:
             raise NodeError(f"{password_file if isinstance(exc, PasswordFormatError) else acl_file}: {exc}",
                             EXIT_CONFIG) from None
+        self.delivery_log = self._open_delivery_log()
+        events: EventSink | None = self.delivery_log
         self.store = SqliteStore(
             data_dir / "broker.db",
             on_fatal=self._store_failed,
@@ -81,6 +87,28 @@ class Node:
             full_integrity_check=config.get("store", "full_integrity_check"),
         )
         self.broker = Broker(config.broker_settings(), self.store, clock=self.clock, events=events, acl=acl)
+
+    def _open_delivery_log(self) -> DeliveryLog | None:
+        """The delivery-log sink when [deliverylog] enabled = true."""
+        section = self.config.values["deliverylog"]
+        if not section["enabled"]:
+            return None
+        directory = section["dir"] or str(self.config.data_dir / "deliverylog")
+        host = socket.gethostname()
+        try:
+            return DeliveryLog(
+                directory,
+                fleet=self.config.get("node", "fleet"),
+                device=self.config.get("node", "device") or host,
+                node=self.config.node_name,
+                firmware=self.config.get("node", "firmware") or f"appliance-{__version__}",
+                segment_bytes=section["segment_bytes"],
+                segment_age_s=float(section["segment_seconds"]),
+                budget_bytes=section["budget_bytes"],
+                seq_property=section["seq_property"],
+            )
+        except (DeliveryLogError, OSError) as exc:
+            raise NodeError(f"deliverylog: {exc}", EXIT_CONFIG) from None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def async_start(self) -> None:
@@ -110,6 +138,8 @@ class Node:
             self.loop.add_signal_handler(sig, self.stop)
         self.notifier.async_start_watchdog()
         self.notifier.async_start_status(self.status_line)
+        if self.delivery_log is not None:
+            self.delivery_log.emit("node_start")
         self.notifier.ready(self.status_line())
         log.info("node %s listening: %s", self.config.node_name, ", ".join(self.addresses()))
 
@@ -117,7 +147,7 @@ class Node:
         """host:port of every open listener."""
         out = []
         for server in self._servers:
-            for sock in server.sockets:
+            for sock in getattr(server, "sockets", ()):
                 name = sock.getsockname()
                 out.append(f"{name[0]}:{name[1]}")
         return out
@@ -148,6 +178,9 @@ class Node:
             task.cancel()
         if self.store.failure is None:
             await self.store.async_close()
+        if self.delivery_log is not None:
+            self.delivery_log.emit("node_stop", reason="shutdown" if self.exit_code == EXIT_OK else "failure")
+            await self.loop.run_in_executor(None, self.delivery_log.close)
         await self.notifier.async_close()
         log.info("node %s stopped", self.config.node_name)
 
