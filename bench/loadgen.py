@@ -399,14 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
         import uvloop
-
-        runner = uvloop.run
-        loop_name = "uvloop"
     except ImportError:
-        runner = asyncio.run
-        loop_name = "asyncio"
-    result = runner(WORKLOADS[a.workload](a))
-    result["loop"] = loop_name
+        result = asyncio.run(WORKLOADS[a.workload](a)) | {"loop": "asyncio"}
+    else:
+        result = uvloop.run(WORKLOADS[a.workload](a)) | {"loop": "uvloop"}
     print(json.dumps(result), flush=True)
     return 0
 

@@ -107,7 +107,7 @@ def restart(broker: Broker, params: dict[str, Any]) -> dict[str, Any]:
     time.sleep(0.2)  # let the drainer begin polling
     broker.spawn()
     result = fill | collect(drain)
-    if "delivered" in result:
+    if "delivered" in result and "queued_acked" in result:
         result["lost"] = result["queued_acked"] - result["delivered"]
     if result.get("first_at"):
         result["first_delivery_s"] = result["first_at"] - broker.started_at

@@ -30,8 +30,8 @@ def test_quick_run_against_mosquitto_prints_every_row_and_writes_json(tmp_path: 
             assert (w.name, metric, "mosquitto") in shown, f"missing row {w.name}/{metric}"
     vs_mosq = {r[6] for r in rows if r[1] == "delivered_rate"}
     assert vs_mosq == {"1"}, "the baseline's ratio to itself must print as 1"
-    for w in WORKLOADS:
-        files = list(tmp_path.glob(f"{w}-*.json"))
+    for name in WORKLOADS:
+        files = list(tmp_path.glob(f"{name}-*.json"))
         assert len(files) == 1
         data = json.loads(files[0].read_text())
         assert data["quick"] is True

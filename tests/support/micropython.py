@@ -121,10 +121,10 @@ def micropython_lib_dir(root: Path) -> Path:
     paths = [p for p in res.stdout.split() if p.startswith("/")]
     existing = [p for p in paths if (root / p.lstrip("/")).is_dir()]
     system = [p for p in paths if p.startswith("/usr/")]  # not a per-user dir: every uid in the chroot sees it
-    chosen = (existing or system or paths or [None])[0]
-    if chosen is None:
+    candidates = existing or system or paths
+    if not candidates:
         raise MicroPythonSetupError(f"micropython has no absolute sys.path entry: {res.stdout!r}")
-    return root / chosen.lstrip("/")
+    return root / candidates[0].lstrip("/")
 
 
 def build_chroot(root: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 from dataclasses import dataclass
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -32,13 +33,15 @@ class Paho:
     def __init__(self, broker: BrokerProcess, version: str, client_id: str = "", clean: bool = True) -> None:
         """Create (not yet connect) a client; clean is clean_session (3.1.1) or clean_start (5.0)."""
         self.broker, self.v5, self.clean = broker, version == "v5", clean
-        kwargs = {} if self.v5 else {"clean_session": clean}
+        kwargs: dict[str, Any] = {} if self.v5 else {"clean_session": clean}
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=VERSIONS[version],
                                   **kwargs)
         self.messages: queue.Queue[Msg] = queue.Queue()
         self.connacks: queue.Queue[tuple[bool, int]] = queue.Queue()
         self.subacks: queue.Queue[int] = queue.Queue()
-        self.client.on_message = lambda _c, _u, m: self.messages.put(Msg(m.topic, m.payload, m.qos, bool(m.retain)))
+        self.client.on_message = lambda _c, _u, m: self.messages.put(
+            Msg(m.topic, bytes(m.payload), m.qos, bool(m.retain))
+        )
         self.client.on_connect = lambda _c, _u, flags, rc, _p: self.connacks.put((flags.session_present, rc.value))
         self.client.on_subscribe = lambda _c, _u, mid, _rcs, _p: self.subacks.put(mid)
 
@@ -48,7 +51,7 @@ class Paho:
         if self.v5:
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = 0 if self.clean else 300
-        kwargs = {"clean_start": self.clean, "properties": props} if self.v5 else {}
+        kwargs: dict[str, Any] = {"clean_start": self.clean, "properties": props} if self.v5 else {}
         self.client.connect(self.broker.host, self.broker.port, keepalive=30, **kwargs)
         self.client.loop_start()
         session_present, rc = self.connacks.get(timeout=WAIT)
