@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.broker.settings import NEVER_EXPIRES, QUEUE_POLICIES, BrokerSettings
+from appliance.cluster.discovery import parse_seeds
 
 
 class ConfigError(ValueError):
@@ -22,8 +23,8 @@ class Key:
     kind: type
     default: Any
     doc: str
-    low: int | None = None
-    high: int | None = None
+    low: float | None = None
+    high: float | None = None
     choices: tuple[str, ...] | None = None
 
 
@@ -86,6 +87,31 @@ SPEC: dict[str, dict[str, Key]] = {
         "budget_bytes": Key(int, 268_435_456, "disk budget for closed segments", 65536, 1 << 40),
         "seq_property": Key(str, "seq", "MQTT 5 user property carrying the publisher sequence number"),
     },
+    # Documented with what each policy trades in appliance/cluster/README.md; keep these names stable.
+    "cluster": {
+        "enabled": Key(bool, False, "join a LAN cluster of broker nodes"),
+        "name": Key(str, "appliance", "cluster name; nodes of other clusters on the LAN are ignored"),
+        "secret": Key(str, "", "shared secret authenticating peer links (or secret_file)"),
+        "secret_file": Key(str, "", "file holding the shared secret (wins over secret)"),
+        "bind": Key(str, "0.0.0.0:7946", "peer-link listener HOST:PORT"),
+        "advertise": Key(str, "", "address announced to peers on mDNS (default: every interface address)"),
+        "seeds": Key(list, [], "static peers HOST[:PORT] for networks without multicast"),
+        "mdns": Key(bool, True, "discover peers and announce _mqtt._tcp with mDNS"),
+        "mdns_ttl": Key(int, 120, "mDNS record TTL, seconds (a silent peer is dropped after it)", 2, 4500),
+        "replication_factor": Key(int, 2, "copies of each persistent session's queue (owner + R-1 replicas)", 1, 5),
+        "heartbeat_interval": Key(float, 1.0, "seconds between peer-link heartbeats", 0.05, 60),
+        "failure_timeout": Key(float, 5.0, "seconds of silence before a peer is declared down", 0.2, 600),
+        "anti_entropy_interval": Key(float, 10.0, "seconds between digest exchanges with every peer", 0.2, 3600),
+        "allow_register": Key(bool, True, "accept CONNECT for a session whose owner node is unreachable"),
+        "allow_publish": Key(bool, True, "acknowledge a publish whose subscriber node is unreachable"),
+        "allow_subscribe": Key(bool, True, "accept SUBSCRIBE while a known node is unreachable"),
+        "allow_unsubscribe": Key(bool, True, "accept UNSUBSCRIBE while a known node is unreachable"),
+        "under_replicated": Key(str, "accept", "fewer than replication_factor nodes reachable",
+                                choices=("accept", "refuse")),
+        "tls_ca": Key(str, "", "cluster CA (PEM) for mutual TLS on peer links"),
+        "tls_cert": Key(str, "", "this node's certificate (PEM) for peer links"),
+        "tls_key": Key(str, "", "this node's key (PEM) for peer links"),
+    },
 }
 
 
@@ -141,7 +167,7 @@ class Config:
         )
 
 
-EXTERNAL_SECTIONS = ("cluster", "upload")
+EXTERNAL_SECTIONS = ("upload",)
 
 
 def _check(section: str, key: str, spec: Key, value: Any) -> Any:
@@ -150,6 +176,16 @@ def _check(section: str, key: str, spec: Key, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
+    if spec.kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if (spec.low is not None and value < spec.low) or (spec.high is not None and value > spec.high):
+            raise ConfigError(f"{where}: {value} is outside {spec.low}..{spec.high}")
+        return float(value)
+    if spec.kind is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+        return list(value)
     if spec.kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
@@ -204,10 +240,31 @@ def load(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None) 
             parse_hostport(values["listener"][key], f"listener.{key}")
     if values["metrics"]["http"]:
         parse_hostport(values["metrics"]["http"], "metrics.http")
+    _check_cluster(values["cluster"])
     listener = values["listener"]
     if (listener["tls"] or listener["ws_tls"]) and not (listener["certfile"] and listener["keyfile"]):
         raise ConfigError("listener.tls: needs listener.certfile and listener.keyfile")
     return Config(values, extra, path)
+
+
+def _check_cluster(c: dict[str, Any]) -> None:
+    """Cross-key rules of [cluster]."""
+    parse_hostport(c["bind"], "cluster.bind")
+    try:
+        parse_seeds(c["seeds"], 7946)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.seeds: {exc}") from None
+    if not c["enabled"]:
+        return
+    if not c["name"]:
+        raise ConfigError("cluster.name: must not be empty")
+    if not (c["secret"] or c["secret_file"]):
+        raise ConfigError("cluster.secret: a cluster needs secret or secret_file")
+    tls = [c["tls_ca"], c["tls_cert"], c["tls_key"]]
+    if any(tls) and not all(tls):
+        raise ConfigError("cluster.tls_ca: tls_ca, tls_cert and tls_key go together")
+    if c["heartbeat_interval"] >= c["failure_timeout"]:
+        raise ConfigError("cluster.failure_timeout: must exceed cluster.heartbeat_interval")
 
 
 def defaults_toml() -> str:
