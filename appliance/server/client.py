@@ -55,6 +55,9 @@ class ClientProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Register the connection and note the peer (and a verified certificate's CN)."""
         self.transport = transport
+        set_limits = getattr(transport, "set_write_buffer_limits", None)
+        if set_limits is not None:  # QoS0 to this client is dropped only past HIGH_WATER buffered bytes
+            set_limits(high=HIGH_WATER, low=HIGH_WATER // 4)
         self.last_rx = self._loop.time()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
