@@ -241,6 +241,8 @@ def load(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None) 
     if values["metrics"]["http"]:
         parse_hostport(values["metrics"]["http"], "metrics.http")
     _check_cluster(values["cluster"])
+    if isinstance(raw.get("cluster"), dict):
+        extra["cluster"] = raw["cluster"]  # the raw table as written (provisioning checks read it back)
     listener = values["listener"]
     if (listener["tls"] or listener["ws_tls"]) and not (listener["certfile"] and listener["keyfile"]):
         raise ConfigError("listener.tls: needs listener.certfile and listener.keyfile")
