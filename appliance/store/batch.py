@@ -24,6 +24,9 @@ SAVE_INCOMING_QOS2 = 10
 DELETE_INCOMING_QOS2 = 11
 SET_META = 12
 CALLBACK = 13
+KV_PUT = 14
+KV_DELETE = 15
+KV_DELETE_NS = 16
 
 Op = tuple[int, Any]
 
@@ -58,6 +61,9 @@ _SQL: dict[int, tuple[str, ...]] = {
     SAVE_INCOMING_QOS2: ("INSERT OR REPLACE INTO incoming_qos2 VALUES (?,?,?,?,?,?,?,?,?,?,?)",),
     DELETE_INCOMING_QOS2: ("DELETE FROM incoming_qos2 WHERE client_id = ? AND packet_id = ?",),
     SET_META: ("INSERT OR REPLACE INTO meta VALUES (?,?)",),
+    KV_PUT: ("INSERT OR REPLACE INTO cluster_kv VALUES (?,?,?)",),
+    KV_DELETE: ("DELETE FROM cluster_kv WHERE ns = ? AND key = ?",),
+    KV_DELETE_NS: ("DELETE FROM cluster_kv WHERE ns = ?",),
 }
 
 _NO_MESSAGE: MessageRow = (None, None, None, None, None, None, None, None, None)  # type: ignore[assignment]
@@ -149,7 +155,7 @@ def _params(kind: int, raw: list[Any], cache: dict[int, MessageRow]) -> list[Any
         return [(c, pid, *(_message_cells(m, cache) if m is not None else _NO_MESSAGE)) for c, pid, m in raw]
     if kind == DELETE_SESSION:
         return [(c,) for c in raw]
-    if kind == DELETE_RETAINED:
+    if kind in (DELETE_RETAINED, KV_DELETE_NS):
         return [(t,) for t in raw]
     return raw
 

@@ -270,6 +270,34 @@ class SqliteStore:
         """Insert or replace a node-level key/value."""
         self._submit((ops.SET_META, (key, value)))
 
+    # -- cluster state (appliance/store/migrations/0002_cluster.sql) -------------------------------------------
+
+    def kv_put(self, ns: str, key: str, value: bytes) -> None:
+        """Insert or replace one namespaced cluster value."""
+        self._submit((ops.KV_PUT, (ns, key, value)))
+
+    def kv_delete(self, ns: str, key: str) -> None:
+        """Delete one namespaced cluster value."""
+        self._submit((ops.KV_DELETE, (ns, key)))
+
+    def kv_delete_ns(self, ns: str) -> None:
+        """Delete every value of a namespace."""
+        self._submit((ops.KV_DELETE_NS, ns))
+
+    def load_kv(self) -> dict[str, dict[str, bytes]]:
+        """Every committed cluster value, ns -> key -> value (call at start-up, like load())."""
+        self.open()
+        conn = connect(self.path)
+        try:
+            out: dict[str, dict[str, bytes]] = {}
+            for ns, key, value in conn.execute("SELECT ns, key, value FROM cluster_kv ORDER BY ns, key"):
+                out.setdefault(ns, {})[key] = bytes(value)
+            return out
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot load the cluster state: {exc}", path=str(self.path)) from exc
+        finally:
+            conn.close()
+
     def after_commit(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run callback(*args) on the loop once every write queued before this call has committed."""
         if self._refusal is not None:
