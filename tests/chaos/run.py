@@ -1,0 +1,200 @@
+"""Chaos runs: nodes + workload + nemesis, then the checker. `python -m tests.chaos.run --runs 1000 [--nodes 3]`.
+
+Each run prints one summary line; a long run prints totals and keeps the failing runs' directories (node logs, client
+records, receipts, delivery logs, nemesis log) under tests/chaos/out/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checker import COUNTS, ERRORS, Result, check
+from .history import read_history
+from .nemesis import Nemesis
+from .nodes import ClusterNodes, LocalNode, Nodes
+from .workload import Spec
+
+OUT = Path(__file__).resolve().parent / "out"
+READY_TIMEOUT = 45.0
+
+
+@dataclass
+class RunConfig:
+    """One run's shape; the spec fields not listed keep workload.Spec's defaults."""
+
+    nodes: int = 1
+    traffic_s: float = 20.0
+    drain_s: float = 30.0
+    seed: int = 1
+    deliverylog: bool = False
+    nemesis: bool = True
+    rate: float = 25.0
+    qos1_publishers: int = 2
+    qos2_publishers: int = 2
+    subscribers: int = 3
+
+
+@dataclass
+class Outcome:
+    """What one run produced."""
+
+    index: int
+    config: RunConfig
+    workdir: Path
+    result: Result
+    faults: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    workload: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """The checker found no error and nothing crashed."""
+        return self.result.valid and not self.problems
+
+    def line(self) -> str:
+        """The one summary line of this run."""
+        faults = ",".join(f"{k}:{v}" for k, v in sorted(self.faults.items())) or "none"
+        verdict = "PASS" if self.passed else "FAIL " + "; ".join(self.problems + [
+            f"{k}: {', '.join(self.result.examples[k][:2])}" for k in ERRORS if self.result.counts[k]])
+        return (f"chaos run {self.index} seed={self.config.seed} nodes={self.config.nodes} faults={faults} "
+                f"{self.result.line()} wall={self.wall_s:.0f}s :: {verdict}")
+
+
+def make_nodes(config: RunConfig, workdir: Path) -> Nodes:
+    """One loopback node, or a cluster in namespaces."""
+    if config.nodes == 1:
+        return LocalNode(workdir, config.deliverylog)
+    return ClusterNodes(workdir, config.nodes, config.deliverylog)
+
+
+def _wait_ready(proc: Any, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "READY" in text:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"workload exited {proc.returncode} before READY:\n{text[-2000:]}")
+        time.sleep(0.05)
+    raise RuntimeError(f"workload not READY within {timeout}s")
+
+
+def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
+    """Start nodes and clients, inject faults during the traffic phase, heal, drain, stop, check."""
+    t0 = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    rng = random.Random(config.seed)
+    problems: list[str] = []
+    faults: Counter[str] = Counter()
+    workload: dict[str, Any] = {}
+    nodes = make_nodes(config, workdir)
+    proc = None
+    try:
+        spec = Spec(nodes=nodes.addresses(), out=str(workdir / "clients"), seed=config.seed,
+                    traffic_s=config.traffic_s, drain_s=config.drain_s, rate=config.rate,
+                    qos1_publishers=config.qos1_publishers, qos2_publishers=config.qos2_publishers,
+                    subscribers=config.subscribers, subscriber_qos=[2, 2, 1])
+        spec_path = workdir / "spec.json"
+        spec_path.write_text(json.dumps(asdict(spec)))
+        proc, log = nodes.spawn_workload(spec_path, workdir / "workload.log")
+        _wait_ready(proc, log, READY_TIMEOUT)
+        ready = time.monotonic()
+        nemesis = Nemesis(nodes, rng)
+        if config.nemesis:
+            nemesis.run(until=ready + config.traffic_s - 1.0)
+        nemesis.heal()
+        faults = nemesis.counts()
+        (workdir / "nemesis.json").write_text(json.dumps(nemesis.log, indent=1))
+        try:
+            proc.wait(max(1.0, ready + config.traffic_s + config.drain_s + 30 - time.monotonic()))
+        except Exception:
+            proc.kill()
+            proc.wait(10)
+            problems.append("workload overran its deadline")
+        text = log.read_text(errors="replace")
+        done = [ln for ln in text.splitlines() if ln.startswith("DONE ")]
+        if proc.returncode != 0 or not done:
+            problems.append(f"workload exited {proc.returncode}: {text.strip().splitlines()[-1:]}")
+        else:
+            workload = json.loads(done[-1][5:])
+    except Exception as exc:  # a harness failure fails the run, with its reason on the line
+        problems.append(f"harness: {exc!r}"[:500])
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        with contextlib.suppress(Exception):
+            nodes.shutdown()
+        problems += nodes.problems()
+        for name, text in nodes.log_texts().items():
+            (workdir / "logs").mkdir(exist_ok=True)
+            (workdir / "logs" / name).write_text(text)
+        nodes.close()
+    history = workdir / "clients" / "history.jsonl"
+    result = check(read_history(history)) if history.exists() else Result()
+    if not history.exists():
+        problems.append("no client history")
+    return Outcome(index, config, workdir, result, faults, problems, workload, time.monotonic() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run many chaos runs; print one line each and the totals; exit 1 if any failed."""
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--nodes", type=int, default=1, choices=(1, 3, 4, 5))
+    p.add_argument("--traffic-s", type=float, default=20.0)
+    p.add_argument("--drain-s", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=None, help="first run's seed (default: time based)")
+    p.add_argument("--rate", type=float, default=25.0, help="messages/s per publisher")
+    p.add_argument("--deliverylog", action="store_true", help="nodes write delivery logs ([deliverylog] enabled)")
+    p.add_argument("--no-nemesis", action="store_true")
+    p.add_argument("--keep", action="store_true", help="keep passing runs' directories too")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    seed0 = args.seed if args.seed is not None else int(time.time()) % 1_000_000
+    totals: Counter[str] = Counter()
+    failed: list[int] = []
+    t0 = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for i in range(1, args.runs + 1):
+        config = RunConfig(nodes=args.nodes, traffic_s=args.traffic_s, drain_s=args.drain_s, seed=seed0 + i - 1,
+                           deliverylog=args.deliverylog, nemesis=not args.no_nemesis, rate=args.rate)
+        workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
+        outcome = run_once(config, workdir, i)
+        print(outcome.line(), flush=True)
+        totals.update(outcome.result.counts)
+        totals.update({f"fault_{k}": v for k, v in outcome.faults.items()})
+        totals["messages_sent"] += outcome.result.counts["sent"]
+        if outcome.passed and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            dest = args.out / f"{'failed' if not outcome.passed else 'kept'}-run{i}-seed{config.seed}"
+            shutil.move(str(workdir), dest)
+            if not outcome.passed:
+                failed.append(i)
+                print(f"  kept logs in {dest}", flush=True)
+    faults = " ".join(f"{k}={v}" for k, v in sorted(totals.items()) if k.startswith("fault_"))
+    print(f"chaos totals: runs={args.runs} failed_runs={len(failed)} nodes={args.nodes} "
+          f"{' '.join(f'{k}={totals[k]}' for k in COUNTS)} {faults} wall={time.monotonic() - t0:.0f}s")
+    if failed:
+        print(f"failed runs: {failed} (logs under {args.out})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
