@@ -106,7 +106,8 @@ def test_good_lines_parse() -> None:
     assert [r.pattern for r in acl.everyone] == ["dev/%c/#", "home/%u/+"]
 
 
-IDENTITY = st.lists(st.sampled_from(["a", "b", "%c", "%u", "%", "+", "#", "/", " "]), min_size=1, max_size=3).map("".join)
+ID_PARTS = ["a", "b", "%c", "%u", "%", "+", "#", "/", " "]
+IDENTITY = st.lists(st.sampled_from(ID_PARTS), min_size=1, max_size=3).map("".join)
 PATTERNS = ["dev/%c/#", "dev/%u/%c", "%u/+", "home/%u", "x-%c/in", "%c/%u/#"]
 
 
