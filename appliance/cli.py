@@ -91,13 +91,20 @@ def _passwd(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"appliance passwd: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"appliance passwd: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(format_password_file(entries))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(format_password_file(entries))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"appliance passwd: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0
 
 

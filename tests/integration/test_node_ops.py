@@ -89,6 +89,15 @@ def test_bad_flags_exit_2_with_one_line(tmp_path: Path, args: tuple[str, ...], k
     assert key in one_line_error(res)
 
 
+def test_config_that_is_not_utf8_exits_2_with_one_line(tmp_path: Path) -> None:
+    conf = tmp_path / "latin1.toml"
+    conf.write_bytes(b'[node]\nname = "caf\xe9"\n')
+    res = cli("run", "--config", str(conf), "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "d"),
+              timeout=20)
+    assert res.returncode == 2, res.stderr
+    assert str(conf) in one_line_error(res) and "UTF-8" in one_line_error(res)
+
+
 def test_acl_file_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     acl = tmp_path / "acl"
     acl.write_text("# comment\nuser alice\ntopic read a/#\ntopic sometimes b\n")
@@ -394,6 +403,16 @@ def test_passwd_refuses_bad_input(tmp_path: Path, user: str, password: str, need
     assert res.returncode == 2
     assert needle in one_line_error(res)
     assert not pw.exists()
+
+
+def test_passwd_io_errors_are_one_line(tmp_path: Path) -> None:
+    nowhere = tmp_path / "no" / "such" / "dir" / "passwd"
+    res = cli("passwd", str(nowhere), "alice", "--password-stdin", stdin="pw\n")
+    assert res.returncode == 1
+    assert str(nowhere) in one_line_error(res)
+    res = cli("passwd", str(tmp_path), "alice", "--password-stdin", stdin="pw\n")  # a directory, not a file
+    assert res.returncode == 1
+    assert str(tmp_path) in one_line_error(res)
 
 
 def test_bad_password_file_line_is_named_by_passwd_and_run(tmp_path: Path) -> None:
