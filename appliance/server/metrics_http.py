@@ -88,7 +88,7 @@ async def async_start_metrics(node: Node, bind: str) -> asyncio.AbstractServer:
                 f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
             )
             await writer.drain()
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError, ValueError):  # ValueError: a line longer than the stream limit
             pass
         finally:
             writer.close()

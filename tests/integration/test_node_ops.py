@@ -211,6 +211,11 @@ def test_prometheus_metrics_after_a_drop_scenario(tmp_path: Path) -> None:
         assert m["appliance_queue_depth"] == 0
         with urllib.request.urlopen(f"http://127.0.0.1:{mport}/status", timeout=10) as resp:
             assert b'"clients": 2' in resp.read()
+        for junk in (b"GET /" + b"x" * 100_000 + b" HTTP/1.0\r\n\r\n", b"\xff\xfe\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", mport), timeout=10) as s:  # no traceback in the log for it
+                s.sendall(junk)
+                s.recv(1024)
+        assert scrape(mport)["appliance_connections"] == 2
         sub.close()
         pub.close()
 
