@@ -136,21 +136,19 @@ def qos1_loop(sink, messages: int) -> float:
 
 
 async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process") -> int:
-    """Run our broker node, with a DeliveryLog as its EventSink when log_dir is set."""
-    from appliance.server.config import load
-    from appliance.server.node import Node
+    """Run our broker node with [deliverylog] enabled when log_dir is set (mode: writer process or thread)."""
+    import functools
 
-    config = load(None, {"node": {"data_dir": data_dir}, "listener": {"tcp": listen}})
-    events = None
+    from appliance.server import node as node_module
+    from appliance.server.config import load
+
+    overrides: dict = {"node": {"data_dir": data_dir}, "listener": {"tcp": listen}}
     if log_dir:
-        events = DeliveryLog(log_dir, fleet="bench", device="bench", node=config.node_name, firmware="bench",
-                             process=mode == "process")
-    node = Node(config, events)
+        overrides["deliverylog"] = {"enabled": True, "dir": log_dir}
+        node_module.DeliveryLog = functools.partial(DeliveryLog, process=mode == "process")  # type: ignore[misc]
+    node = node_module.Node(load(None, overrides))
     await node.async_start()
-    rc = await node.async_run_until_stopped()
-    if events is not None:
-        events.close()
-    return rc
+    return await node.async_run_until_stopped()
 
 
 def _broker_round(logging_on: bool, duration: float, mode: str) -> tuple[float, int, int]:

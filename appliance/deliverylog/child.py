@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict
 
 from .identity import Identity, clock_sync_probe
+from .segments import write_all
 from .worker import FrameReader, send
 from .writer import DeliveryLogError, Limits, SegmentWriter
 
@@ -21,11 +22,25 @@ def _stats_json(writer: SegmentWriter) -> bytes:
     return json.dumps(asdict(writer.stats)).encode()
 
 
+class _FdOut:
+    """A write/flush file over a raw fd."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes) -> int:
+        write_all(self.fd, data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+
 def main() -> int:
     """Child entry point: serve frames from stdin until C or EOF."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent decides when we stop (C frame or EOF)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out = sys.stdout.buffer
+    out = _FdOut(sys.stdout.fileno())  # unbuffered: nothing left to fail at exit if the parent is gone
     reader = FrameReader(sys.stdin.fileno())
     frame = reader.read()
     if frame is None or frame[0] != b"S":
@@ -39,6 +54,18 @@ def main() -> int:
     except (DeliveryLogError, OSError) as exc:
         send(out, b"E", str(exc).encode())
         return 1
+    try:
+        return _serve(reader, out, writer)
+    except BrokenPipeError:  # the parent died while we answered: write what it sent, close the segment cleanly
+        while (frame := reader.read()) is not None:
+            if frame[0] == b"B":
+                writer.write(marshal.loads(frame[1]))
+        writer.close()
+        return 0
+
+
+def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
+    """Frame loop; returns the exit code."""
     send(out, b"A", _stats_json(writer))
     last_tick = time.monotonic()
     while True:
@@ -69,7 +96,6 @@ def main() -> int:
             writer.close()
             send(out, b"A", _stats_json(writer))
             return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ from typing import Any
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
 from .worker import WriterProcess
-from .writer import DeliveryLogError, Item, Limits, SegmentWriter, WriterStats
+from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Item, Limits, SegmentWriter, WriterStats
 
 
 class DeliveryLog:
@@ -55,6 +55,7 @@ class DeliveryLog:
             fsync_every_s=fsync_every_s, flush_every_s=sync_every_s, level=gzip_level,
         )
         self.identity = identity
+        self._seq_property = seq_property
         self._writer: SegmentWriter | WriterProcess
         if process:  # JSON and gzip in a child process: the broker's GIL only sees emit() and marshal
             if callable(clock_synced):
@@ -80,8 +81,39 @@ class DeliveryLog:
         self._thread.start()
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Record one event; both clocks are taken now, everything else happens on the writer thread."""
+        """Record one event; both clocks are taken now, JSON and gzip happen elsewhere.
+
+        A `message=` Message is reduced to plain fields here, so the queue holds no object the GC must trace.
+        """
+        msg = fields.pop("message", None)
+        if msg is not None:
+            if kind in FULL_MESSAGE_KINDS:
+                self._message_fields(msg, fields)
+            elif "msg_id" not in fields:
+                fields["msg_id"] = msg.msg_id
         self._append((kind, time.time_ns(), time.monotonic_ns(), fields))
+
+    def _message_fields(self, msg: Any, fields: dict[str, Any]) -> None:
+        """Add a Message's schema fields to `fields` (explicitly passed ones win)."""
+        fields.setdefault("msg_id", msg.msg_id)
+        if msg.publisher:
+            fields.setdefault("publisher", msg.publisher)
+        fields.setdefault("topic", msg.topic)
+        fields.setdefault("qos", msg.qos)
+        fields.setdefault("retain", msg.retain)
+        fields.setdefault("payload_size", len(msg.payload))
+        props = getattr(msg, "properties", None)
+        if props is not None and props.user_properties and "publisher_seq" not in fields:
+            name = self._seq_property
+            for key, value in props.user_properties:
+                if key == name:
+                    try:
+                        seq = int(value)
+                    except ValueError:
+                        break
+                    if -(2**63) <= seq < 2**63:
+                        fields["publisher_seq"] = seq
+                    break
 
     def _emit_strict(self, kind: str, **fields: Any) -> None:
         """emit() that first checks the kind and every field against the schema (for tests)."""
@@ -97,7 +129,7 @@ class DeliveryLog:
             problem = field_problem(name, value)
             if problem:
                 raise ValueError(f"{kind}: {problem}")
-        self._append((kind, time.time_ns(), time.monotonic_ns(), fields))
+        DeliveryLog.emit(self, kind, **fields)
 
     # -- writer thread -----------------------------------------------------------------------------------------
 

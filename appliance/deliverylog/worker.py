@@ -14,7 +14,7 @@ import struct
 import subprocess
 import sys
 from dataclasses import asdict
-from typing import IO, Any
+from typing import Any
 
 from .identity import Identity
 from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Item, Limits, WriterStats, message_tuple
@@ -22,7 +22,7 @@ from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Item, Limits, WriterSt
 _HEAD = struct.Struct("!cI")
 
 
-def send(out: IO[bytes], kind: bytes, payload: bytes = b"") -> None:
+def send(out: Any, kind: bytes, payload: bytes = b"") -> None:
     """Write one frame."""
     out.write(_HEAD.pack(kind, len(payload)) + payload)
     out.flush()
@@ -70,21 +70,17 @@ def _plain_value(value: Any) -> Any:
 
 
 def pack(items: list[Item]) -> bytes:
-    """Marshal a batch, reducing broker Messages to plain tuples first (done on the broker's drain thread)."""
-    for item in items:
-        fields = item[3]
-        if "message" in fields:
-            msg = fields["message"]
-            if msg is not None and type(msg) is not tuple:
-                if item[0] in FULL_MESSAGE_KINDS:
-                    fields["message"] = message_tuple(msg, full=True)
-                else:
-                    del fields["message"]
-                    fields.setdefault("msg_id", msg.msg_id)
+    """Marshal a batch (emit() left only builtin values; anything else takes the slow path)."""
     try:
         return marshal.dumps(items, 4)
-    except ValueError:  # an enum or another non-builtin value somewhere: the slow path
-        clean = [(str(k), w, m, {str(n): _plain_value(v) for n, v in f.items()}) for k, w, m, f in items]
+    except ValueError:  # an enum, a Message or another non-builtin value somewhere
+        clean = []
+        for kind, wall, mono, fields in items:
+            msg = fields.pop("message", None)
+            plain = {str(n): _plain_value(v) for n, v in fields.items()}
+            if msg is not None:
+                plain["message"] = message_tuple(msg, full=kind in FULL_MESSAGE_KINDS)
+            clean.append((str(kind), wall, mono, plain))
         return marshal.dumps(clean, 4)
 
 

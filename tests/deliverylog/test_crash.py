@@ -73,9 +73,35 @@ def test_a_killed_broker_process_leaves_its_writer_to_close_the_segment_cleanly(
     deadline = time.monotonic() + 60
     while [n for n in os.listdir(directory) if n.endswith(PART)] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [n for n in os.listdir(directory) if n.endswith(PART)], "the writer must close the open segment"
+    assert not [n for n in os.listdir(directory) if n.endswith(PART)], f"open segment left: {os.listdir(directory)}"
     (name,) = closed_segments(directory)
     content = read_segment(os.path.join(directory, name))
     assert content.complete
     got = [int(r["msg_id"].split("-")[1]) for r in content.records]
-    assert got == list(range(len(got))) and len(got) >= last + 1
+    assert got == list(range(len(got))), "records are not a clean prefix"
+    assert len(got) >= last + 1, f"flushed up to {last} but only {len(got)} records survived"
+
+
+def test_a_killed_writer_process_is_restarted_and_the_loss_recorded(tmp_path):
+    directory = str(tmp_path / "log")
+    log = DeliveryLog(directory, fleet="f", device="d", node="n1", firmware="1", boot_id=BOOT, clock_synced=True,
+                      flush_interval_s=30.0)
+    for i in range(100):
+        log.emit("committed", msg_id=f"a{i}")
+    log.flush()
+    os.kill(log._writer.proc.pid, signal.SIGKILL)
+    log._writer.proc.wait()
+    for i in range(100):
+        log.emit("committed", msg_id=f"b{i}")
+    log.flush()  # the batch meets the dead writer: a new one starts, recovers its segment, records the loss
+    for i in range(10):
+        log.emit("committed", msg_id=f"c{i}")
+    log.close()
+    assert log._writer.restarts == 1
+    records = read_segments(directory)
+    ids = [r["msg_id"] for r in records if r["kind"] == "committed"]
+    assert ids[:100] == [f"a{i}" for i in range(100)]
+    assert ids[-10:] == [f"c{i}" for i in range(10)]
+    lost = [r["reason"] for r in records if r["kind"] == "log_evicted"]
+    assert lost == ["writer_restart events=100"]
+    assert len({r["event_id"] for r in records}) == len(records)
