@@ -27,7 +27,7 @@ def generalisation(draw: st.DrawFn, topic_filter: str) -> str:
     return "/".join(out)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_covers_is_sound(data: st.DataObject) -> None:
     topic_filter = data.draw(filters(), "filter")
@@ -45,7 +45,7 @@ def test_covers_is_reflexive(topic_filter: str) -> None:
     assert covers(topic_filter, topic_filter)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(filters(), filters(), st.data())
 def test_overlaps_finds_every_shared_topic(first: str, second: str, data: st.DataObject) -> None:
     assert overlaps(first, second) == overlaps(second, first)
@@ -55,7 +55,7 @@ def test_overlaps_finds_every_shared_topic(first: str, second: str, data: st.Dat
             assert overlaps(first, second), f"{first!r} and {second!r} both match {topic!r}"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(filters(), filters(), st.data())
 def test_granted_subscription_receives_no_denied_topic(grant: str, deny: str, data: st.DataObject) -> None:
     acl = Acl.parse(f"topic readwrite {grant}\ntopic deny {deny}\n")
@@ -147,7 +147,7 @@ def topic_near(draw: st.DrawFn, pattern: str, username: str | None, client_id: s
     return topic or "a"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.sampled_from(PATTERNS), st.one_of(st.none(), IDENTITY), IDENTITY, st.data())
 def test_substitution_never_widens(pattern: str, username: str | None, client_id: str, data: st.DataObject) -> None:
     acl = Acl.parse(f"pattern write {pattern}\n")
