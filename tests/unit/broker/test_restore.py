@@ -113,7 +113,6 @@ async def test_restore_recovers_queues_inflight_qos2_retained_and_subscriptions(
     b = one.broker
     watch, watch_link = await one.connect("watch")
     b.handle(watch, watch_link, Subscribe(1, [SubscriptionRequest("in/#", 1)]))
-    b.handle(watch, watch_link, Pubrel(0xFFFF))  # noise: an unknown PUBREL changes nothing
     await one.settle()
     b.connection_lost(watch, watch_link)  # offline, persistent
 
