@@ -1,0 +1,88 @@
+"""Fixtures for the SD-card image tests: one image build per session (cached rootfs reused) and its pieces."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "image" / "build.sh"
+# The tests build into their own directory so a developer's image/out stays untouched; the stage cache is shared.
+OUT = REPO / "image" / "out" / "pytest"
+TOOLS = ("mmdebstrap", "qemu-aarch64-static", "qemu-system-aarch64", "sfdisk", "mcopy", "mkfs.vfat", "fsck.vfat",
+         "mkfs.ext4", "e2fsck", "debugfs", "xz", "unshare")
+# A cold build (mmdebstrap under qemu-user) takes ~10 minutes on 2 busy cores; a cached one ~3.
+BUILD_TIMEOUT = 45 * 60
+SECTOR = 512
+
+
+@dataclass
+class Image:
+    """A built image and the files the build wrote next to it."""
+
+    out: Path
+    img: Path
+    info: dict
+
+    def partitions(self) -> list[dict]:
+        """The MBR partition entries as sfdisk --json reports them."""
+        table = json.loads(run(["sfdisk", "--json", str(self.img)]).stdout)["partitiontable"]
+        return table["partitions"]
+
+    def extract_partition(self, number: int, dest: Path) -> Path:
+        """Copy partition `number` (1-based) out of the image into `dest` (sparse)."""
+        part = self.partitions()[number - 1]
+        run(["dd", f"if={self.img}", f"of={dest}", f"bs={SECTOR}", f"skip={part['start']}", f"count={part['size']}",
+             "conv=sparse", "status=none", "iflag=fullblock"])
+        return dest
+
+
+def run(args: list[str], *, timeout: float = 600, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    """Run a command with text output; fail the test with its stderr when it fails."""
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+    if check and proc.returncode != 0:
+        command = " ".join(map(str, args))
+        pytest.fail(f"{command} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _require_tools() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the image build needs root (mmdebstrap, chroot, file ownership)")
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"missing tools {missing}: run scripts/setup.sh")
+
+
+@pytest.fixture(scope="session")
+def built_image() -> Image:
+    """Build the image once per session with image/build.sh (reusing image/cache) and return it."""
+    _require_tools()
+    env = dict(os.environ, XZ_LEVEL=os.environ.get("IMAGE_TEST_XZ_LEVEL", "6"))
+    OUT.mkdir(parents=True, exist_ok=True)
+    log = OUT / "build.log"  # progress lines while it runs: tail -f image/out/pytest/build.log
+    with log.open("w") as f:
+        proc = subprocess.run([str(BUILD), "--out", str(OUT)], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                              timeout=BUILD_TIMEOUT, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"image/build.sh exited {proc.returncode}:\n{log.read_text()[-6000:]}")
+    info = json.loads((OUT / "build-info.json").read_text())
+    return Image(out=OUT, img=OUT / info["image"], info=info)
+
+
+@pytest.fixture(scope="session")
+def root_tree(built_image: Image, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root filesystem of the image, read back out of the ext4 partition with debugfs (nothing mounted)."""
+    work = tmp_path_factory.mktemp("rootfs")
+    part = built_image.extract_partition(2, work / "root.ext4")
+    tree = work / "tree"
+    tree.mkdir()
+    run(["debugfs", "-R", f"rdump / {tree}", str(part)], timeout=900)
+    part.unlink()
+    return tree
