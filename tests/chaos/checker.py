@@ -33,6 +33,7 @@ class Result:
 
     counts: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    keys: dict[str, set[tuple[str, int, str]]] = field(default_factory=lambda: defaultdict(set))  # (pub, seq, sub)
 
     @property
     def valid(self) -> bool:
@@ -105,6 +106,7 @@ def check(events: Iterable[Event]) -> Result:
     delivered_any = {(p, s) for (_, p, s) in counts}
     for key, qos in sent.items():
         if key not in acked:
+            r.keys["not_acked"].update((*key, sub) for sub in granted)
             if key in delivered_any:
                 r.counts["recovered"] += 1
             elif key not in refused:
@@ -115,13 +117,16 @@ def check(events: Iterable[Event]) -> Result:
             n = counts.get((sub, *key), 0)
             if n == 0:
                 r.note("lost", f"{key[0]}#{key[1]} (QoS{qos}) never reached {sub}")
+                r.keys["lost"].add((*key, sub))
             elif n > 1:
                 effective = min(qos, sub_qos)
                 r.note(f"dup_qos{max(effective, 1)}", f"{key[0]}#{key[1]} reached {sub} {n} times (QoS{effective})")
+                r.keys["duplicated"].add((*key, sub))
             else:
                 r.counts["ok"] += 1
     for (sub, pub), seqs in sorted(first_order.items()):
         late = late_deliveries(seqs)
+        r.keys["reordered"].update((pub, seq, sub) for seq in late)
         if late:
             r.note("reordered", f"{pub}->{sub}: late {late[:10]}", len(late))
     return r

@@ -19,12 +19,14 @@ from tests.harness.netns import Lab, NodeProcess
 from tests.support.broker import APPLIANCE, TRACEBACK_MARK, BrokerProcess, free_port
 
 MQTT_PORT = 1883
+FLEET = "chaos"  # the clients' receipts use the same fleet, so Spark joins them with the brokers' logs
 START_TIMEOUT = 30.0
 
 
 def node_config(path: Path, deliverylog: bool, cluster: dict[str, object] | None = None) -> Path:
     """Write a node's TOML config: delivery log on or off, and the [cluster] section in multi-node mode."""
-    lines = ["[deliverylog]", f"enabled = {'true' if deliverylog else 'false'}", "segment_seconds = 5", ""]
+    lines = ["[node]", f'fleet = "{FLEET}"', "", "[deliverylog]", f"enabled = {'true' if deliverylog else 'false'}",
+             "segment_seconds = 5", ""]
     lines += ["[metrics]", "sys_interval = 0", ""]
     if cluster is not None:
         lines.append("[cluster]")

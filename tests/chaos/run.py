@@ -150,6 +150,54 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
     return Outcome(index, config, workdir, result, faults, problems, workload, time.monotonic() - t0)
 
 
+@dataclass
+class Totals:
+    """Sums over many runs."""
+
+    runs: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    failed: list[Outcome] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def add(self, outcome: Outcome) -> None:
+        """Count one run."""
+        self.runs += 1
+        self.counts.update(outcome.result.counts)
+        self.faults.update(outcome.faults)
+        self.wall_s += outcome.wall_s
+        if not outcome.passed:
+            self.failed.append(outcome)
+
+    def line(self, nodes: int) -> str:
+        """The totals line."""
+        faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items()))
+        return (f"chaos totals: runs={self.runs} failed_runs={len(self.failed)} nodes={nodes} "
+                f"{' '.join(f'{k}={self.counts[k]}' for k in COUNTS)} faults: {faults or 'none'} "
+                f"wall={self.wall_s:.0f}s")
+
+
+def run_many(configs: list[RunConfig], out: Path, keep: bool = False, say: Any = print) -> Totals:
+    """Run each config in a fresh directory; failing runs' directories are moved under `out`, others deleted."""
+    totals = Totals()
+    out.mkdir(parents=True, exist_ok=True)
+    for i, config in enumerate(configs, 1):
+        workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
+        outcome = run_once(config, workdir, i)
+        say(outcome.line())
+        totals.add(outcome)
+        if outcome.passed and not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+            continue
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        dest = out / f"{'kept' if outcome.passed else 'failed'}-{stamp}-run{i}-seed{config.seed}"
+        shutil.move(str(workdir), dest)
+        outcome.workdir = dest
+        if not outcome.passed:
+            say(f"  kept logs in {dest}")
+    return totals
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run many chaos runs; print one line each and the totals; exit 1 if any failed."""
     p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
@@ -167,33 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         p.error("--runs must be at least 1")
     seed0 = args.seed if args.seed is not None else int(time.time()) % 1_000_000
-    totals: Counter[str] = Counter()
-    failed: list[int] = []
-    t0 = time.monotonic()
-    args.out.mkdir(parents=True, exist_ok=True)
-    for i in range(1, args.runs + 1):
-        config = RunConfig(nodes=args.nodes, traffic_s=args.traffic_s, drain_s=args.drain_s, seed=seed0 + i - 1,
-                           deliverylog=args.deliverylog, nemesis=not args.no_nemesis, rate=args.rate)
-        workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
-        outcome = run_once(config, workdir, i)
-        print(outcome.line(), flush=True)
-        totals.update(outcome.result.counts)
-        totals.update({f"fault_{k}": v for k, v in outcome.faults.items()})
-        totals["messages_sent"] += outcome.result.counts["sent"]
-        if outcome.passed and not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            dest = args.out / f"{'failed' if not outcome.passed else 'kept'}-run{i}-seed{config.seed}"
-            shutil.move(str(workdir), dest)
-            if not outcome.passed:
-                failed.append(i)
-                print(f"  kept logs in {dest}", flush=True)
-    faults = " ".join(f"{k}={v}" for k, v in sorted(totals.items()) if k.startswith("fault_"))
-    print(f"chaos totals: runs={args.runs} failed_runs={len(failed)} nodes={args.nodes} "
-          f"{' '.join(f'{k}={totals[k]}' for k in COUNTS)} {faults} wall={time.monotonic() - t0:.0f}s")
-    if failed:
-        print(f"failed runs: {failed} (logs under {args.out})")
-    return 1 if failed else 0
+    configs = [RunConfig(nodes=args.nodes, traffic_s=args.traffic_s, drain_s=args.drain_s, seed=seed0 + i,
+                         deliverylog=args.deliverylog, nemesis=not args.no_nemesis, rate=args.rate)
+               for i in range(args.runs)]
+    totals = run_many(configs, args.out, args.keep, lambda s: print(s, flush=True))
+    print(totals.line(args.nodes), flush=True)
+    if totals.failed:
+        print(f"failed runs: {[o.index for o in totals.failed]} (logs under {args.out})")
+    return 1 if totals.failed else 0
 
 
 if __name__ == "__main__":
