@@ -33,7 +33,7 @@ from appliance.protocol.topics import validate_topic_filter
 from .acl import READ, WRITE, Acl
 from .metrics import Metrics
 from .model import DeliveryState, Message, SessionRecord, SubscriptionOptions
-from .ports import EventSink, Snapshot, Store
+from .ports import ClusterPort, EventSink, Snapshot, Store
 from .router import Router
 from .session import ClientLink, Session
 from .settings import NEVER_EXPIRES, BrokerSettings
@@ -68,8 +68,10 @@ class Broker:
         clock: Callable[[], float],
         events: EventSink | None = None,
         acl: Acl | None = None,
+        cluster: ClusterPort | None = None,
     ) -> None:
         self.settings = settings
+        self.cluster = cluster
         self.store = store
         self.clock = clock
         self.events = events
@@ -99,6 +101,7 @@ class Broker:
         """Rebuild sessions, subscriptions, queues, inflight and QoS2 state from the store [recovery]."""
         now = self.clock()
         self.router.retained.update(snapshot.retained)
+        orphaned_wills: list[tuple[Session, Will]] = []  # published once every subscriber is back
         for client_id, record in snapshot.sessions.items():
             session = Session(record, self.store, self.clock, self.events)
             self.sessions[client_id] = session
@@ -114,13 +117,17 @@ class Broker:
             if record.disconnected_at is None:  # the node died while the client was connected
                 record.disconnected_at = now
                 if record.will is not None:
-                    self._schedule_will(session, record.will, now)
+                    orphaned_wills.append((session, record.will))
                 self.store.save_session(record)
             elif record.will is not None and record.will_due_at is not None:
                 self._pending_wills[client_id] = (record.will_due_at, record.will, record.username)
             if record.expiry_interval != NEVER_EXPIRES:
                 session.expires_at = record.disconnected_at + record.expiry_interval
                 self._expiring.add(client_id)
+        for session, will in orphaned_wills:
+            session.record.will = None  # published now, or kept again with its due time when delayed
+            self._schedule_will(session, will, now)
+            self.store.save_session(session.record)
 
     def new_message_id(self) -> str:
         """A cluster-unique message id: node, start time and a counter."""
@@ -212,6 +219,8 @@ class Broker:
             if keepalive != packet.keepalive:
                 props.server_keep_alive = keepalive  # [MQTT-3.2.2-21]
         connack = Connack(session_present, ReasonCode.SUCCESS, props)
+        if self.cluster is not None:
+            self.cluster.session_changed(record)  # this node now owns the session cluster-wide
         if session.store is not None:
             self.store.save_session(record)
             self.store.after_commit(self._accept, session, link, connack)
@@ -304,6 +313,8 @@ class Broker:
             self.router.tree.remove(client_id, topic_filter)
         if self.sessions.get(client_id) is session:
             del self.sessions[client_id]
+            if self.cluster is not None:
+                self.cluster.session_removed(client_id)
         self._expiring.discard(client_id)
         lost = session.queued_count()
         if lost:
@@ -386,6 +397,14 @@ class Broker:
             self.new_message_id(), topic, packet.payload, qos, packet.retain, record.client_id, now,
             now + expiry if expiry is not None else None, publication_properties(props),
         )
+        cluster = self.cluster
+        refusal = cluster.publish_refusal(message) if cluster is not None and qos else None
+        if refusal is not None:  # netsplit / under-replication policy: no ack that the cluster cannot keep
+            self.metrics.drop("cluster_refused")
+            if not v5:
+                raise BrokerError("publish refused by the cluster policy", ReasonCode(refusal))
+            self._ack(session, link, Puback(pid, refusal) if qos == 1 else Pubrec(pid, refusal), False)  # type: ignore[arg-type]
+            return
         if qos and self.router.queue_full_for(message):
             self.metrics.drop("queue_full_refused")
             code = ReasonCode.QUOTA_EXCEEDED if v5 else ReasonCode.SUCCESS
@@ -397,6 +416,12 @@ class Broker:
         persisted = packet.retain and self.router.retain(message)
         reached, routed = self.router.route(message)
         persisted = persisted or routed
+        if cluster is not None:
+            if packet.retain:
+                cluster.retained_changed(message)
+            remote = cluster.route_remote(message)
+            reached += remote
+            persisted = persisted or bool(remote)
         if qos == 0:
             return
         if qos == 2:
@@ -451,6 +476,11 @@ class Broker:
         codes: list[int] = []
         accepted: list[tuple[str, SubscriptionOptions, bool]] = []
         record = session.record
+        refusal = self.cluster.subscribe_refusal() if self.cluster is not None else None
+        if refusal is not None:  # netsplit policy allow_subscribe = false
+            self._ack(session, link, Suback(packet.packet_id, [refusal if v5 else 0x80] * len(packet.subscriptions)),
+                      False)
+            return
         for request in packet.subscriptions:
             topic_filter = request.topic_filter
             group, inner = split_shared(topic_filter)
@@ -468,6 +498,8 @@ class Broker:
             accepted.append((topic_filter, options, is_new))
             codes.append(qos)
         suback = Suback(packet.packet_id, codes)
+        if accepted and self.cluster is not None:
+            self.cluster.session_changed(record)
         if session.store is not None and accepted:
             session.pending_acks += 1
             self.store.after_commit(self._finish_subscribe, session, link, suback, accepted)
@@ -507,10 +539,18 @@ class Broker:
 
     def _on_unsubscribe(self, session: Session, link: ClientLink, packet: Unsubscribe) -> None:
         v5 = link.protocol_version == MQTT_5
+        refusal = self.cluster.unsubscribe_refusal() if self.cluster is not None else None
+        if refusal is not None:  # netsplit policy allow_unsubscribe = false
+            if not v5:
+                raise BrokerError("unsubscribe refused by the cluster policy", ReasonCode(refusal))
+            self._ack(session, link, Unsuback(packet.packet_id, [refusal] * len(packet.topic_filters)), False)
+            return
         codes = []
         for topic_filter in packet.topic_filters:
             existed = self.router.unsubscribe(session, topic_filter)
             codes.append(ReasonCode.SUCCESS if existed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+        if self.cluster is not None:
+            self.cluster.session_changed(session.record)
         unsuback = Unsuback(packet.packet_id, codes if v5 else [])  # type: ignore[arg-type]
         self._ack(session, link, unsuback, session.store is not None)
 
@@ -542,6 +582,10 @@ class Broker:
         if retain:
             self.router.retain(message)
         self.router.route(message)
+        if self.cluster is not None:
+            if retain:
+                self.cluster.retained_changed(message)
+            self.cluster.route_remote(message)
 
     def publish_sys(self, topic: str, payload: bytes) -> None:
         """Publish a $SYS statistic: retained in memory only (it is regenerated after a restart)."""

@@ -178,11 +178,6 @@ async def test_restore_recovers_queues_inflight_qos2_retained_and_subscriptions(
     await three.die()
 
 
-RESTORE_ORDER_BUG = ("Broker.restore publishes a will without delay while it is still restoring sessions, so a "
-                     "subscriber restored later (client id after the dead client's) misses it")
-
-
-@pytest.mark.xfail(strict=True, reason=RESTORE_ORDER_BUG)
 async def test_will_of_a_session_connected_when_the_node_died_is_scheduled_at_restore(tmp_path: Path, clock) -> None:
     # "watcher" sorts after "now" and "later" on purpose: the will must reach subscribers restored after the dead client
     db = tmp_path / "broker.db"
