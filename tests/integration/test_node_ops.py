@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -156,6 +157,39 @@ def test_sigterm_disconnects_0x8b_exits_0_and_keeps_acked_messages(tmp_path: Pat
         assert (resent.payload, resent.dup) == (b"just-before", True)  # [MQTT-4.4.0-1]
         for c in (again, sub2, pub, sub, old):
             c.close()
+
+
+SHUTDOWN_ACK_BUG = ("on SIGTERM the node closes every connection (broker.shutdown) before the pending commit's "
+                    "after_commit callbacks run, so committed messages are never acknowledged and publishers resend "
+                    "them (node.py async_shutdown: flush the store before broker.shutdown)")
+
+
+def test_sigterm_during_a_burst_loses_no_acknowledged_message(tmp_path: Path) -> None:
+    with running_broker("ours", tmp_path) as broker:
+        sub = RawClient(broker.port)
+        sub.connect("burst-sub", clean=False)
+        sub.subscribe("burst/t", 1)
+        sub.disconnect()
+        pub = v5(broker.port)
+        pub.connect("burst-pub")
+        pub.send(*(Publish("burst/t", b"%04d" % n, 1, packet_id=n) for n in range(1, 201)))
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGTERM)  # while the burst is being committed
+        got = pub.expect_closed(20)
+        acked = {p.packet_id for p in got if isinstance(p, Puback)}
+        assert broker.stop() == 0, broker.log_tail()
+        broker.start()
+        again = RawClient(broker.port)
+        assert again.connect("burst-sub", clean=False).session_present
+        delivered: set[int] = set()
+        while (packet := again.recv(1.0)) is not None:
+            assert isinstance(packet, Publish), packet
+            again.ack(packet)
+            delivered.add(int(packet.payload))
+        again.close()
+    assert acked <= delivered, f"acknowledged but lost: {sorted(acked - delivered)[:20]}"
+    if got[-1:] == [Disconnect(ReasonCode.SERVER_SHUTTING_DOWN)] and acked != delivered:  # no RST ate the acks
+        pytest.xfail(f"{len(delivered - acked)} committed messages were not acknowledged: {SHUTDOWN_ACK_BUG}")
 
 
 # -- metrics --------------------------------------------------------------------------------------------------------
