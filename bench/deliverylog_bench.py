@@ -188,7 +188,13 @@ def _broker_round(logging_on: bool, duration: float, mode: str) -> tuple[float, 
         broker.wait(60)
     size = 0
     if log_dir:
+        from appliance.deliverylog import read_segments
+
         size = sum(os.path.getsize(os.path.join(log_dir, n)) for n in os.listdir(log_dir) if ".jsonl.gz" in n)
+        kinds: dict[str, int] = {}
+        for r in read_segments(log_dir, fill_nulls=False):
+            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+        print(f"  logged {kinds} for {result['delivered']} delivered messages", flush=True)
     shutil.rmtree(tmp)
     return result["delivered_rate"], result["delivered"], size
 

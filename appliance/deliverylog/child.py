@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import marshal
+import os
 import select
 import signal
 import sys
@@ -16,6 +17,7 @@ from .worker import FrameReader, send
 from .writer import DeliveryLogError, Limits, SegmentWriter
 
 TICK_S = 0.2
+NICE = 10
 
 
 def _stats_json(writer: SegmentWriter) -> bytes:
@@ -40,6 +42,10 @@ def main() -> int:
     """Child entry point: serve frames from stdin until C or EOF."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent decides when we stop (C frame or EOF)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(NICE)  # background work: on a busy core the broker comes first, we use its idle time (fsync waits)
+    except OSError:
+        pass
     out = _FdOut(sys.stdout.fileno())  # unbuffered: nothing left to fail at exit if the parent is gone
     reader = FrameReader(sys.stdin.fileno())
     frame = reader.read()
