@@ -124,6 +124,7 @@ def check(events: Iterable[Event]) -> Result:
                 r.keys["duplicated"].add((*key, sub))
             else:
                 r.counts["ok"] += 1
+                r.keys["ok"].add((*key, sub))
     for (sub, pub), seqs in sorted(first_order.items()):
         late = late_deliveries(seqs)
         r.keys["reordered"].update((pub, seq, sub) for seq in late)

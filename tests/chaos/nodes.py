@@ -19,6 +19,8 @@ from tests.harness.netns import Lab, NodeProcess
 from tests.support.broker import APPLIANCE, TRACEBACK_MARK, BrokerProcess, free_port
 
 MQTT_PORT = 1883
+PEER_PORT = 7946
+METRICS_PORT = 9883
 FLEET = "chaos"  # the clients' receipts use the same fleet, so Spark joins them with the brokers' logs
 START_TIMEOUT = 30.0
 
@@ -181,7 +183,9 @@ class ClusterNodes(Nodes):
             for i in range(n):
                 (workdir / f"node{i}").mkdir(parents=True, exist_ok=True)
                 node_config(workdir / f"node{i}.toml", deliverylog,
-                            {"name": cluster_name, "secret_file": str(secret), "mdns": True})
+                            {"enabled": True, "name": cluster_name, "secret_file": str(secret), "mdns": True,
+                             "bind": f"{self.lab.ip(i)}:{PEER_PORT}", "heartbeat_interval": 0.5,
+                             "failure_timeout": 2.0})
             for i in range(n):
                 self.start(i)
         except BaseException:
@@ -192,7 +196,11 @@ class ClusterNodes(Nodes):
         """The command line of node i."""
         return [str(APPLIANCE), "run", "--config", str(self.workdir / f"node{i}.toml"), "--listen",
                 f"{self.lab.ip(i)}:{MQTT_PORT}", "--data-dir", str(self.workdir / f"node{i}"), "--node-name",
-                f"node{i}", "--metrics", ""]
+                f"node{i}", "--metrics", self.metrics(i)]
+
+    def metrics(self, i: int) -> str:
+        """Node i's metrics / status HTTP address (what `cluster show` asks)."""
+        return f"{self.lab.ip(i)}:{METRICS_PORT}"
 
     def addresses(self) -> list[str]:
         return [f"{self.lab.ip(i)}:{MQTT_PORT}" for i in range(self.n)]
@@ -240,8 +248,9 @@ class ClusterNodes(Nodes):
         return proc.popen, proc.log_path
 
     def show(self, i: int = 0) -> subprocess.CompletedProcess[str]:
-        """`appliance cluster show` run in node i's namespace."""
-        return self.lab.exec(i, str(APPLIANCE), "cluster", "show", check=False, timeout=30)
+        """`appliance cluster show --json` run in node i's namespace."""
+        return self.lab.exec(i, str(APPLIANCE), "cluster", "show", "--metrics", self.metrics(i), "--json",
+                             check=False, timeout=30)
 
     def log_texts(self) -> dict[str, str]:
         return {p.log_path.name: p.output() for p in self.lab.processes if p.log_path.name.startswith("broker")}
