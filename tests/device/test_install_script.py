@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from provisioning.cli import main as provision
 
+from .chroot import bookworm_tree, in_chroot, install_appliance
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = "python3,python3-venv,python3-systemd,python3-wsproto,python3-cffi,systemd"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "appliance-tests"
 UNITS = ["appliance.service", "appliance-upload.service", "appliance-upload.timer", "appliance-firstboot.service"]
 
 pytestmark = [
@@ -24,60 +23,12 @@ pytestmark = [
 ]
 
 
-def debian_mirror() -> str:
-    """The Debian mirror this machine's apt uses (never written down anywhere)."""
-    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
-        if not path.is_file() or "disabled" in path.name:
-            continue
-        for line in path.read_text().splitlines():
-            words = line.split()
-            if words[:1] == ["URIs:"] and "security" not in words[1]:
-                return words[1]
-            if words[:1] == ["deb"] and "security" not in line:
-                return next(w for w in words[1:] if "://" in w)
-    pytest.skip("no Debian mirror configured for apt")
-
-
-def bookworm_rootfs(dest: Path) -> None:
-    """Unpack a minimal bookworm with Python and systemd (built once with mmdebstrap, then cached as a tarball)."""
-    key = hashlib.sha256(f"bookworm {PACKAGES} v1".encode()).hexdigest()[:16]
-    tarball = CACHE / f"bookworm-install-{key}.tar"
-    if not tarball.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        part = tarball.with_suffix(".part.tar")
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=apt", f"--include={PACKAGES}", "bookworm", str(part),
-                        debian_mirror()], check=True, timeout=1200)
-        part.rename(tarball)
-    dest.mkdir()
-    subprocess.run(["tar", "-xpf", str(tarball), "-C", str(dest), "--numeric-owner"], check=True)
-
-
-def in_chroot(root: Path, *cmd: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run CMD chrooted in ROOT with /proc mounted, in a private mount namespace (nothing leaks to the host)."""
-    spec = [f"--userspec={user}"] if user else []
-    script = 'mount -t proc proc "$0/proc" && mount -t tmpfs tmpfs "$0/run" && exec chroot "$@"'
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(root), *spec,
-                           str(root), "/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
-                           "HOME=/root", *cmd], capture_output=True, text=True, timeout=900, check=False)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("install")
     root = work / "root"
-    bookworm_rootfs(root)
-    stage = root / "tmp" / "ia"
-    wheels = stage / "wheels"
-    wheels.mkdir(parents=True)
-    # The wheel and an offline wheelhouse, exactly what the image build hands the script.
-    subprocess.run([str(ROOT / ".venv/bin/pip"), "wheel", "--quiet", "-w", str(wheels), f"{ROOT}[device]"],
-                   check=True, timeout=900, capture_output=True)
-    wheel = next(wheels.glob("appliance-*.whl"))
-    wheel.rename(stage / wheel.name)
-    shutil.copytree(ROOT / "scripts", stage / "scripts")
-    shutil.copytree(ROOT / "systemd", stage / "systemd")
-    args = ["/bin/sh", "/tmp/ia/scripts/install-appliance.sh", "--wheel", f"/tmp/ia/{wheel.name}",
-            "--wheelhouse", "/tmp/ia/wheels"]
+    bookworm_tree(root, PACKAGES)
+    args = install_appliance(root)
     first = in_chroot(root, *args)
     assert first.returncode == 0, first.stderr
     again = in_chroot(root, *args)  # idempotent: a second run (an upgrade) succeeds and changes nothing it shouldn't
