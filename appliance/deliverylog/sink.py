@@ -37,6 +37,7 @@ class DeliveryLog:
         segment_bytes: int = 4 << 20,
         segment_age_s: float = 300.0,
         budget_bytes: int = 256 << 20,
+        min_free_bytes: int = 32 << 20,
         fsync_every_s: float | None = 10.0,
         sync_every_s: float = 0.5,
         flush_interval_s: float = 0.05,
@@ -52,7 +53,7 @@ class DeliveryLog:
         probe = clock_synced if callable(clock_synced) else clock_sync_probe(clock_synced)
         limits = Limits(
             segment_bytes=segment_bytes, segment_age_s=segment_age_s, budget_bytes=budget_bytes,
-            fsync_every_s=fsync_every_s, flush_every_s=sync_every_s, level=gzip_level,
+            fsync_every_s=fsync_every_s, flush_every_s=sync_every_s, level=gzip_level, min_free_bytes=min_free_bytes,
         )
         self.identity = identity
         self._seq_property = seq_property

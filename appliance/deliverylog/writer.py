@@ -49,6 +49,7 @@ class Limits:
     budget_bytes: int = 256 << 20  # this writer's closed + open segments; oldest closed ones are evicted beyond it
     fsync_every_s: float | None = 10.0  # fsync the open segment this often (None: only at close)
     flush_every_s: float = 0.5  # sync-flush the compressor this often: what a SIGKILL can lose at most
+    min_free_bytes: int = 32 << 20  # also evict when the filesystem has less free space than this
     level: int = 6  # gzip level
 
     def check(self) -> None:
@@ -333,9 +334,10 @@ class SegmentWriter:
             os.close(seg.fd)
             self._segment = None
             try:
-                recover_part(self.directory, seg.name.part, self.limits.level)
+                rec = recover_part(self.directory, seg.name.part, self.limits.level)
+                events += seg.events - rec.records  # records compressed but never written
             except OSError:
-                pass  # left as .part; recovered at the next start
+                pass  # left as .part: its good records are recovered at the next start
         self.record_loss(f"write_error {errno.errorcode.get(exc.errno or 0, exc.errno)}", events)
 
     def sync(self) -> None:
@@ -409,16 +411,26 @@ class SegmentWriter:
                     pass  # uploaded and deleted meanwhile
         return out
 
+    def _free_bytes(self) -> int:
+        """Bytes the filesystem still gives us."""
+        st = os.statvfs(self.directory)
+        return st.f_bavail * st.f_frsize
+
     def _enforce_budget(self) -> None:
-        """Evict the oldest closed segments while closed + open bytes exceed the budget; record each eviction."""
+        """Evict the oldest closed segments while over the budget or short of free disk; record each eviction."""
         open_size = self._segment.size if self._segment else 0
-        if self._closed_bytes + open_size <= self.limits.budget_bytes:
+        over_budget = self._closed_bytes + open_size > self.limits.budget_bytes
+        if not over_budget and self._free_bytes() >= self.limits.min_free_bytes:
             return
         closed = self._own_closed()  # the uploader may have deleted some since we last looked
         self._closed_bytes = sum(s for _, s in closed)
         evicted = False
         for name, size in closed:
-            if self._closed_bytes + open_size <= self.limits.budget_bytes:
+            if self._closed_bytes + open_size > self.limits.budget_bytes:
+                why = "disk_budget"
+            elif self._free_bytes() < self.limits.min_free_bytes:
+                why = "disk_free"
+            else:
                 break
             events, first, last, carried = self._segment_extent(name)
             try:
@@ -435,7 +447,7 @@ class SegmentWriter:
             boot = parsed.boot_id if parsed else "?"
             node = self.identity.node
             reason = (
-                f"disk_budget events={events} bytes={size} segment={name} "
+                f"{why} events={events} bytes={size} segment={name} "
                 f"first_event={node}:{boot}:{first} last_event={node}:{boot}:{last}"
             )
             now_wall, now_mono = time.time_ns(), time.monotonic_ns()
