@@ -310,6 +310,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _table(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    """doc[name] when it is a table, else an empty one."""
+    value = doc.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def load_config(args: argparse.Namespace) -> UploadConfig:
     """UploadConfig from the TOML [upload] section (if any) with flags on top; raises ValueError when invalid."""
     cfg = UploadConfig()
@@ -325,8 +331,13 @@ def load_config(args: argparse.Namespace) -> UploadConfig:
         section = doc.get("upload", {})
         if not isinstance(section, dict):
             raise ValueError(f"config {args.config}: [upload] must be a table")
-        if "log_dir" not in section and isinstance(doc.get("deliverylog"), dict) and "dir" in doc["deliverylog"]:
-            section = {**section, "log_dir": doc["deliverylog"]["dir"]}
+        if "log_dir" not in section:  # where the broker writes: [deliverylog] dir, else <[node] data_dir>/deliverylog
+            broker_dir = _table(doc, "deliverylog").get("dir") or ""
+            data_dir = _table(doc, "node").get("data_dir") or ""
+            if isinstance(broker_dir, str) and broker_dir:
+                section = {**section, "log_dir": broker_dir}
+            elif isinstance(data_dir, str) and data_dir:
+                section = {**section, "log_dir": os.path.join(data_dir, "deliverylog")}
         for key, value in section.items():
             if key not in known:
                 raise ValueError(f"config {args.config}: unknown key upload.{key}")

@@ -263,3 +263,19 @@ def test_a_second_uploader_on_the_same_directory_is_refused(tmp_path, capsys):
         assert main(["--log-dir", str(tmp_path / "log"), "--dest-dir", str(tmp_path / "d")]) == 1
     assert "another upload is running" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "log")
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ('[deliverylog]\ndir = "{root}/a"\n[node]\ndata_dir = "{root}/b"\n', "a"),
+        ('[deliverylog]\ndir = ""\n[node]\ndata_dir = "{root}/b"\n', "b/deliverylog"),
+    ],
+)
+def test_log_dir_defaults_to_where_the_broker_writes(tmp_path, sections, expected):
+    from appliance.deliverylog.upload import _parser, load_config
+
+    (tmp_path / expected).mkdir(parents=True)
+    config = tmp_path / "appliance.toml"
+    config.write_text(sections.format(root=tmp_path) + '[upload]\nbucket = "b"\n[cluster]\nname = "c"\n')
+    assert load_config(_parser().parse_args(["--config", str(config)])).log_dir == str(tmp_path / expected)
