@@ -6,7 +6,7 @@ cd "$here"
 
 APT_PACKAGES=(
   mosquitto mosquitto-clients iproute2 nftables
-  mmdebstrap arch-test qemu-user-static binfmt-support qemu-system-arm qemu-utils ipxe-qemu
+  mmdebstrap arch-test qemu-user-static binfmt-support qemu-system-arm qemu-system-x86 qemu-utils ipxe-qemu
   mtools dosfstools e2fsprogs fdisk xz-utils zstd
   libsystemd-dev pkg-config systemd
   vagrant openjdk-17-jre-headless
