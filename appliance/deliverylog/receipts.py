@@ -47,6 +47,7 @@ class ReceiptLogger:
         self.client_id = client_id
         self.seq_property = seq_property
         self.publisher_property = publisher_property
+        log_options.setdefault("process", False)  # a client logs little: a thread is enough, no child process
         self.log = DeliveryLog(
             directory, fleet=fleet, device=device, node=client_id, firmware=firmware, source="client", **log_options
         )

@@ -74,7 +74,7 @@ class DeliveryLog:
         self._completed = 0
         self._closing = False
         self._rotate_wanted = False
-        self.discarded = 0  # events emitted after the writer failed
+        self.discarded = 0  # events emitted after close() or after the writer failed
         self._error: BaseException | None = None
         if strict:
             self.emit = self._emit_strict  # type: ignore[method-assign]
@@ -180,7 +180,7 @@ class DeliveryLog:
                 self._done.notify_all()
 
     def _discard(self, item: Item) -> None:
-        """emit() after the writer failed: count, do not queue (memory stays bounded)."""
+        """emit() after close() or a writer failure: count, do not queue (memory stays bounded)."""
         self.discarded += 1
 
     def _request(self, timeout: float | None) -> None:
@@ -215,6 +215,7 @@ class DeliveryLog:
             self._closing = True
         self._request(timeout)
         self._thread.join(timeout)
+        self._append = self._discard  # late emits (a racing callback) are counted, never queued forever
 
     def stats(self) -> WriterStats:
         """The writer's counters (events, bytes, segments, evictions, losses, recovered parts)."""

@@ -246,8 +246,13 @@ class Uploader:
             key = object_key(self.cfg.prefix, name, first_record(path))
         except FileNotFoundError:
             return  # evicted by the writer's disk budget meanwhile (it recorded that)
-        except (OSError, ValueError, KeyError) as exc:
-            raise UploadError(f"unreadable segment {name}: {exc}", permanent=True, segment_only=True) from exc
+        except (OSError, ValueError, KeyError, zlib.error) as exc:
+            try:  # set it aside (kept for inspection) so later runs do not trip over it again
+                os.rename(path, path + ".bad")
+            except OSError:
+                pass
+            raise UploadError(f"unreadable segment {name} (kept as {name}.bad): {exc}", permanent=True,
+                              segment_only=True) from exc
         sha = hashlib.sha256(data).hexdigest()
         if self._attempt(f"HEAD {key}", self.target.confirmed, key, len(data), sha):
             totals.already += 1

@@ -279,3 +279,15 @@ def test_log_dir_defaults_to_where_the_broker_writes(tmp_path, sections, expecte
     config = tmp_path / "appliance.toml"
     config.write_text(sections.format(root=tmp_path) + '[upload]\nbucket = "b"\n[cluster]\nname = "c"\n')
     assert load_config(_parser().parse_args(["--config", str(config)])).log_dir == str(tmp_path / expected)
+
+
+def test_an_unreadable_segment_is_set_aside_and_the_others_still_ship(tmp_path, capsys):
+    segments = _write_segments(tmp_path / "log", events=600)
+    bad = "0000000000_n1_" + BOOT + "_999999999999.jsonl.gz"
+    (tmp_path / "log" / bad).write_bytes(b"not gzip at all")
+    args = ["--log-dir", str(tmp_path / "log"), "--dest-dir", str(tmp_path / "dest")]
+    assert main(args) == 1
+    assert f"unreadable segment {bad}" in capsys.readouterr().err
+    assert len([p for p in (tmp_path / "dest").rglob("*.jsonl.gz")]) == len(segments)
+    assert os.path.exists(tmp_path / "log" / (bad + ".bad"))
+    assert main(args) == 0  # the next run is clean
