@@ -50,23 +50,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, start Spark, run the job; returns the exit status."""
     args = _parser().parse_args(argv)
+    if args.job == "generate":
+        return _generate(args)
     from cloud_spark import jobs, report
-    from cloud_spark.generator import FleetSpec, generate, inject_upload_faults
     from cloud_spark.session import get_spark
 
     spark = get_spark(f"cloud_spark-{args.job}", args.master, args.driver_memory, args.shuffle_partitions)
     try:
         result: object
-        if args.job == "generate":
-            spec = (FleetSpec.for_events(args.events, fleets=args.fleets, devices=args.devices, seed=args.seed)
-                    if args.events else FleetSpec(fleets=args.fleets, devices=args.devices,
-                                                  messages=args.messages, seed=args.seed))
-            with jobs.step(f"generate {args.out}"):
-                result = generate(spark, spec, args.out)
-                if args.bad_records or args.reuploads:
-                    result = {**result, "upload_faults": inject_upload_faults(args.out, args.bad_records,
-                                                                              args.reuploads)}
-        elif args.job == "ingest":
+        if args.job == "ingest":
             result = jobs.ingest_job(spark, args.src, args.out, args.fleet, args.date, parquet=args.parquet)
         elif args.job == "analyze":
             result = jobs.analyze_job(spark, args.out, args.window_end_us, int(args.grace_s * 1e6))
@@ -84,3 +76,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         spark.stop()
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """The generator needs no Spark: numpy and Arrow, one process per core."""
+    from cloud_spark.generator import FleetSpec, generate, inject_upload_faults
+
+    spec = (FleetSpec.for_events(args.events, fleets=args.fleets, devices=args.devices, seed=args.seed)
+            if args.events else FleetSpec(fleets=args.fleets, devices=args.devices, messages=args.messages,
+                                          seed=args.seed))
+
+    def progress(done: int, total: int) -> None:
+        print(f"\r[cloud_spark] generate: {done}/{total} devices", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    try:
+        result = generate(spec, args.out, progress=progress)
+        if args.bad_records or args.reuploads:
+            result = {**result, "upload_faults": inject_upload_faults(args.out, args.bad_records, args.reuploads)}
+    except (OSError, ValueError) as exc:
+        print(f"cloud_spark generate: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=str))
+    return 0
