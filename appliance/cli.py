@@ -120,6 +120,42 @@ def _upload(rest: list[str]) -> int:
     return upload_main(rest)
 
 
+def _cluster_show(args: argparse.Namespace) -> int:
+    """`appliance cluster show`: the running node's /cluster JSON as a table (or raw with --json)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from appliance.cluster.service import render_status
+
+    bind = args.metrics
+    if not bind:
+        config = load(Path(args.config) if args.config else None)
+        bind = config.get("metrics", "http")
+    if not bind:
+        print("appliance: cluster show needs the node's metrics.http address (--metrics HOST:PORT)", file=sys.stderr)
+        return 2
+    host, port = parse_hostport(bind, "--metrics")
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/cluster", timeout=5) as response:
+            data = json.loads(response.read())
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        print(f"appliance: cannot reach the node at {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(render_status(data.get("members", [])))
+    if data.get("members"):
+        print(f"\nreplication factor {data['replication_factor']}: {data['sessions_owned']} sessions here, "
+              f"{data['under_replicated']} under-replicated, {data['replica_copies']} replica copies held, "
+              f"{data['acks_waiting']} acks waiting for peers")
+    else:
+        print("clustering is off on this node")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="appliance", description="Edge MQTT appliance broker node")
@@ -138,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     pw.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
     sub.add_parser("store", help="store tools: `appliance store inspect --data-dir DIR`", add_help=False)
     sub.add_parser("upload", help="upload closed delivery-log segments", add_help=False)
+    cl = sub.add_parser("cluster", help="cluster tools: `appliance cluster show`")
+    cl.add_argument("what", choices=["show"])
+    cl.add_argument("--config", help="the node's TOML configuration (for metrics.http)")
+    cl.add_argument("--metrics", help="the node's metrics HTTP HOST:PORT")
+    cl.add_argument("--json", action="store_true", help="print the raw JSON")
     cfg = sub.add_parser("config", help="print the documented default configuration")
     cfg.add_argument("what", choices=["defaults"])
     return parser
@@ -156,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "passwd":
             return _passwd(args)
+        if args.command == "cluster":
+            return _cluster_show(args)
         if args.command == "config":
             sys.stdout.write(defaults_toml())
             return 0

@@ -69,3 +69,25 @@ class NullEventSink:
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Discard the event."""
+
+
+class ClusterPort(Protocol):
+    """What the broker needs from the cluster (implemented by the server wiring; None on a single node).
+
+    Acknowledgements stay on the Store's `after_commit`: the wiring's store makes it wait for the acks of every
+    forward and replica write queued before it, so the broker's PUBACK / PUBREC / SUBACK flows do not change.
+    """
+
+    def publish_refusal(self, message: Message) -> int | None: ...  # reason code when the netsplit policy refuses
+
+    def route_remote(self, message: Message) -> int: ...  # forward to nodes with matching subscribers; sessions reached
+
+    def subscribe_refusal(self) -> int | None: ...  # reason code for every filter of a SUBSCRIBE (netsplit policy)
+
+    def unsubscribe_refusal(self) -> int | None: ...  # reason code for an UNSUBSCRIBE (netsplit policy)
+
+    def session_changed(self, record: SessionRecord) -> None: ...  # a session here was created / (un)subscribed
+
+    def session_removed(self, client_id: str) -> None: ...  # a session here ended
+
+    def retained_changed(self, message: Message) -> None: ...  # a retained message was set (or cleared: empty payload)

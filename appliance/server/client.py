@@ -110,8 +110,13 @@ class ClientProtocol(asyncio.Protocol):
         """Detach from the session: will and expiry rules apply."""
         self.closed = True
         self.node.connections.discard(self)
-        if self.session is not None:
+        if self.session is not None and self.node.store.failure is None:  # after a store failure: only exit
             self.node.broker.connection_lost(self.session, self)
+
+    def pause_reading(self) -> None:
+        """Stop reading from this client (shutdown)."""
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
 
     def pause_writing(self) -> None:
         """The transport buffer is above its high-water mark."""
@@ -146,7 +151,34 @@ class ClientProtocol(asyncio.Protocol):
         self._apply(pending)
 
     def _finish_connect(self, packet: Connect, code: ReasonCode) -> None:
+        cluster = self.node.cluster
+        if cluster is not None and code == ReasonCode.SUCCESS:
+            fetch = cluster.prepare_connect(packet.client_id, packet.clean_start)
+            if fetch is not None:
+                # The session lives on another node: take it over (or resume it from a replica) first; hold what
+                # the client sends meanwhile, as during a slow password check.
+                if self._pending_in is None:
+                    self._pending_in = []
+                self.transport.pause_reading()
+                task: asyncio.Task[int] = self._loop.create_task(fetch)
+                self.node.keep(task)
+                task.add_done_callback(lambda t: self._connect_fetched(packet, t))
+                return
         self.session = self.node.broker.connect(self, packet, code)
+
+    def _connect_fetched(self, packet: Connect, task: asyncio.Task[int]) -> None:
+        pending, self._pending_in = self._pending_in or [], None
+        if self.closed:
+            return
+        self.transport.resume_reading()
+        if task.cancelled() or task.exception() is not None:
+            if not task.cancelled():
+                log.error("%s: cluster takeover of %r failed", self.peer, packet.client_id, exc_info=task.exception())
+            code = ReasonCode.SERVER_UNAVAILABLE
+        else:
+            code = ReasonCode(task.result())
+        self.session = self.node.broker.connect(self, packet, code)
+        self._apply(pending)
 
     # -- ClientLink (called by the broker) -----------------------------------------------------------------------
     def send(self, packet: Packet) -> None:

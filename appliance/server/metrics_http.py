@@ -68,7 +68,7 @@ def status_json(node: Node) -> dict[str, Any]:
 
 
 async def async_start_metrics(node: Node, bind: str) -> asyncio.AbstractServer:
-    """Serve GET /metrics (Prometheus) and GET /status (JSON)."""
+    """Serve GET /metrics (Prometheus), GET /status and GET /cluster (JSON)."""
     host, port = parse_hostport(bind, "metrics.http")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -80,8 +80,12 @@ async def async_start_metrics(node: Node, bind: str) -> asyncio.AbstractServer:
             path = parts[1] if len(parts) > 1 else "/"
             if path == "/metrics":
                 body, ctype, status = render_metrics(node).encode(), "text/plain; version=0.0.4", "200 OK"
-            elif path in ("/status", "/cluster"):
+            elif path == "/status":
                 body, ctype, status = json.dumps(status_json(node)).encode(), "application/json", "200 OK"
+            elif path == "/cluster":
+                data = node.cluster.status() if node.cluster is not None else {"node": node.config.node_name,
+                                                                                "enabled": False, "members": []}
+                body, ctype, status = json.dumps(data).encode(), "application/json", "200 OK"
             else:
                 body, ctype, status = b"not found\n", "text/plain", "404 Not Found"
             writer.write(

@@ -21,6 +21,7 @@ from appliance.protocol.reason_codes import ReasonCode
 from appliance.store import SqliteStore, StoreError
 
 from .client import ClientProtocol
+from .cluster_wiring import ClusterWiring
 from .config import Config, ConfigError
 from .listeners import async_start_listeners
 from .metrics_http import async_start_metrics
@@ -86,7 +87,24 @@ class Node:
             batch_max=config.get("store", "batch_max"),
             full_integrity_check=config.get("store", "full_integrity_check"),
         )
-        self.broker = Broker(config.broker_settings(), self.store, clock=self.clock, events=events, acl=acl)
+        self.cluster = self._open_cluster(events)
+        broker_store = self.cluster.store if self.cluster is not None else self.store
+        self.broker = Broker(config.broker_settings(), broker_store, clock=self.clock, events=events, acl=acl,
+                             cluster=self.cluster)
+        if self.cluster is not None:
+            self.cluster.attach(self.broker)
+
+    def _open_cluster(self, events: EventSink | None) -> ClusterWiring | None:
+        """The cluster wiring when [cluster] enabled = true (the secret read from secret_file if given)."""
+        section = self.config.values["cluster"]
+        if not section["enabled"]:
+            return None
+        secret = section["secret"]
+        if section["secret_file"]:
+            secret = _read_text(section["secret_file"], "cluster.secret_file").strip()
+            if not secret:
+                raise NodeError(f"cluster.secret_file: {section['secret_file']} is empty", EXIT_CONFIG)
+        return ClusterWiring(self.config, self.store, events, secret.encode())
 
     def _open_delivery_log(self) -> DeliveryLog | None:
         """The delivery-log sink when [deliverylog] enabled = true."""
@@ -120,6 +138,11 @@ class Node:
             raise NodeError(f"store: {exc}", EXIT_STORE) from None
         self.store.start(self.loop)
         self.broker.restore(snapshot)
+        if self.cluster is not None:
+            try:
+                self.cluster.restore(snapshot)
+            except StoreError as exc:
+                raise NodeError(f"store: {exc}", EXIT_STORE) from None
         queued = sum(len(q) for q in snapshot.queues.values())
         log.info("recovered %d sessions, %d queued messages, %d retained", len(snapshot.sessions), queued,
                  len(snapshot.retained))
@@ -128,6 +151,8 @@ class Node:
             metrics_bind = self.config.get("metrics", "http")
             if metrics_bind:
                 self._servers.append(await async_start_metrics(self, metrics_bind))
+            if self.cluster is not None:
+                await self.cluster.async_start()
         except OSError as exc:
             raise NodeError(f"listener: {exc.strerror or exc}", EXIT_LISTEN) from None
         self._spawn(self._async_every(1.0, self._tick), "tick")
@@ -173,9 +198,20 @@ class Node:
         self.notifier.stopping()
         for server in self._servers:
             server.close()
-        self.broker.shutdown()
+        if self.store.failure is None:
+            for conn in list(self.connections):
+                conn.pause_reading()  # nothing new is accepted while the last commit completes
+            done = self.loop.create_future()
+            self.store.after_commit(done.set_result, None)
+            await done  # every acknowledgement waiting on a commit has now been queued for its client
+            self.broker.shutdown()
+        else:
+            for conn in list(self.connections):
+                conn.close(ReasonCode.SERVER_SHUTTING_DOWN)
         for task in list(self._tasks):
             task.cancel()
+        if self.cluster is not None:
+            await self.cluster.async_stop()
         if self.store.failure is None:
             await self.store.async_close()
         if self.delivery_log is not None:
@@ -192,6 +228,11 @@ class Node:
         self.stop()
 
     # -- timers --------------------------------------------------------------------------------------------------
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        """Hold a reference to a task until it ends."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _spawn(self, coro: Any, name: str) -> None:
         task = self.loop.create_task(coro, name=name)
         self._tasks.add(task)

@@ -1,0 +1,204 @@
+"""Session ownership and queue-replication encodings (pure): the "sessions" space value and Replicate op data.
+
+"sessions" space: key = client id, value = SessionClaim (owner node, epoch, how it got the session, whether it is
+persistent, its subscriptions). Among concurrent claims the greater (epoch, owner) wins (`claim_order`), so after a
+heal every node agrees on one owner; a node that loses its claim closes the local connection with 0x8E.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from appliance.broker.model import Delivery, DeliveryState, SessionRecord, SubscriptionOptions
+
+from .errors import WireError
+from .records import decode_delivery, decode_session, decode_subscriptions, encode_delivery, encode_session
+from .records import encode_subscriptions as _encode_subs
+from .wire import _Reader, _Writer
+
+FRESH, MIGRATED, FROM_REPLICA = 0, 1, 2  # SessionClaim.origin
+
+# Replicate.op codes: owner -> replica queue operations.
+OP_SNAPSHOT = 1  # the whole session (record, queue, QoS2 ids): replaces the replica's copy
+OP_SESSION = 2  # the record (with subscriptions) changed
+OP_ENQUEUE = 3
+OP_UPDATE = 4  # a delivery's state / packet id
+OP_REMOVE = 5
+OP_DROP = 6  # the session ended or moved away from this owner
+OP_QOS2_ADD = 7
+OP_QOS2_DEL = 8
+
+
+@dataclass(slots=True)
+class SessionClaim:
+    """Who owns a client id's session cluster-wide, and its subscriptions (for routing)."""
+
+    owner: str
+    epoch: float  # wall clock of the claim
+    origin: int = FRESH
+    persistent: bool = False
+    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
+
+
+def encode_claim(claim: SessionClaim) -> bytes:
+    """Value of the sessions space; the epoch comes first so that bytes order follows time for equal owners."""
+    w = _Writer()
+    w.f64(claim.epoch)
+    w.text(claim.owner)
+    w.uint(claim.origin)
+    w.uint(1 if claim.persistent else 0)
+    w.raw(_encode_subs(claim.subscriptions))
+    return bytes(w.out)
+
+
+def decode_claim(data: bytes) -> SessionClaim:
+    """Inverse of encode_claim."""
+    r = _Reader(data)
+    epoch = r.f64()
+    owner = r.text()
+    origin = r.uint()
+    persistent = bool(r.uint())
+    subs = decode_subscriptions(r.raw())
+    if r.pos != len(data):
+        raise WireError("trailing bytes after a session claim")
+    return SessionClaim(owner, epoch, origin, persistent, subs)
+
+
+def claim_order(value: bytes) -> tuple[float, str]:
+    """resolve() order key: the latest claim wins, then the greater node id."""
+    claim = decode_claim(value)
+    return claim.epoch, claim.owner
+
+
+@dataclass(slots=True)
+class ReplicaCopy:
+    """What a replica holds of one session owned elsewhere."""
+
+    owner: str
+    epoch: float
+    record: SessionRecord
+    queue: dict[int, Delivery] = field(default_factory=dict)  # seq -> delivery
+    qos2: set[int] = field(default_factory=set)
+    version: int = 0  # operations applied, to pick the freshest copy
+
+
+def encode_snapshot(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int]) -> bytes:
+    """OP_SNAPSHOT data."""
+    w = _Writer()
+    w.f64(epoch)
+    w.raw(encode_session(record, queue))
+    w.uint(len(qos2))
+    for pid in qos2:
+        w.uint(pid)
+    return bytes(w.out)
+
+
+def decode_snapshot(data: bytes) -> tuple[float, SessionRecord, list[Delivery], list[int]]:
+    """Inverse of encode_snapshot."""
+    r = _Reader(data)
+    epoch = r.f64()
+    record, queue = decode_session(r.raw())
+    qos2 = [r.uint() for _ in range(r.uint())]
+    return epoch, record, queue, qos2
+
+
+def encode_record(epoch: float, record: SessionRecord) -> bytes:
+    """OP_SESSION data."""
+    return encode_snapshot(epoch, record, [], [])
+
+
+def encode_update(seq: int, state: DeliveryState, packet_id: int | None) -> bytes:
+    """OP_UPDATE data."""
+    w = _Writer()
+    w.uint(seq)
+    w.uint(int(state))
+    w.uint(packet_id or 0)
+    return bytes(w.out)
+
+
+def decode_update(data: bytes) -> tuple[int, DeliveryState, int | None]:
+    """Inverse of encode_update."""
+    r = _Reader(data)
+    seq, state, pid = r.uint(), DeliveryState(r.uint()), r.uint()
+    return seq, state, pid or None
+
+
+def encode_uint(n: int) -> bytes:
+    """OP_REMOVE / OP_QOS2_* data."""
+    w = _Writer()
+    w.uint(n)
+    return bytes(w.out)
+
+
+def decode_uint(data: bytes) -> int:
+    """Inverse of encode_uint."""
+    return _Reader(data).uint()
+
+
+def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> ReplicaCopy | None:
+    """A replica applies one operation from `owner`; returns the new copy (None: dropped). Operations from a node
+    that is not the copy's owner are ignored, except a snapshot / record with a newer epoch (a new owner)."""
+    if op in (OP_SNAPSHOT, OP_SESSION):
+        epoch, record, queue, qos2 = decode_snapshot(data)
+        if copy is not None and copy.owner != owner and epoch < copy.epoch:
+            return copy  # a stale owner (e.g. restarted after losing the session) must not overwrite
+        if op == OP_SESSION and copy is not None and copy.owner == owner:
+            copy.record, copy.epoch = record, epoch
+        else:
+            copy = ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2))
+        copy.version += 1
+        return copy
+    if copy is None or copy.owner != owner:
+        return copy
+    copy.version += 1
+    if op == OP_ENQUEUE:
+        d = decode_delivery(data)
+        copy.queue[d.seq] = d
+    elif op == OP_UPDATE:
+        seq, state, pid = decode_update(data)
+        found = copy.queue.get(seq)
+        if found is not None:
+            found.state, found.packet_id = state, pid
+    elif op == OP_REMOVE:
+        copy.queue.pop(decode_uint(data), None)
+    elif op == OP_QOS2_ADD:
+        copy.qos2.add(decode_uint(data))
+    elif op == OP_QOS2_DEL:
+        copy.qos2.discard(decode_uint(data))
+    elif op == OP_DROP:
+        return None
+    return copy
+
+
+def encode_copy(copy: ReplicaCopy) -> bytes:
+    """A replica copy as one durable value (owner, version, snapshot)."""
+    w = _Writer()
+    w.text(copy.owner)
+    w.uint(copy.version)
+    w.raw(encode_snapshot(copy.epoch, copy.record, sorted(copy.queue.values(), key=lambda d: d.seq),
+                          sorted(copy.qos2)))
+    return bytes(w.out)
+
+
+def decode_copy(data: bytes) -> ReplicaCopy:
+    """Inverse of encode_copy."""
+    r = _Reader(data)
+    owner, version = r.text(), r.uint()
+    epoch, record, queue, qos2 = decode_snapshot(r.raw())
+    return ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2), version)
+
+
+__all__ = [
+    "ReplicaCopy",
+    "SessionClaim",
+    "apply_op",
+    "claim_order",
+    "decode_claim",
+    "decode_copy",
+    "encode_claim",
+    "encode_copy",
+    "encode_delivery",
+    "encode_snapshot",
+    "encode_uint",
+    "encode_update",
+]

@@ -1,0 +1,616 @@
+"""Bridge between ClusterService and the Broker: routing, acked forwarding, replicated state, takeover, replicas.
+
+The broker calls the ClusterPort methods (appliance.broker.ports); the service calls back on_replicated /
+on_forward / on_member / on_replicate / on_session_message. Everything runs on the node's event loop. Durable
+cluster state goes through the node's SQLite store (cluster_kv + meta) in the same group commits as the broker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from appliance.broker.handover import adopt_session, deliver_forwarded, release_session, session_image
+from appliance.broker.model import Message, SessionRecord
+from appliance.broker.topictree import TopicTree
+from appliance.cluster import dvv
+from appliance.cluster.forwarding import ForwardSender, ReplicaSender
+from appliance.cluster.membership import rendezvous
+from appliance.cluster.ownership import (
+    FRESH,
+    FROM_REPLICA,
+    MIGRATED,
+    OP_DROP,
+    OP_ENQUEUE,
+    OP_QOS2_ADD,
+    OP_QOS2_DEL,
+    OP_REMOVE,
+    OP_SESSION,
+    OP_SNAPSHOT,
+    OP_UPDATE,
+    ReplicaCopy,
+    SessionClaim,
+    apply_op,
+    claim_order,
+    decode_claim,
+    decode_copy,
+    decode_snapshot,
+    decode_uint,
+    decode_update,
+    encode_claim,
+    encode_copy,
+    encode_delivery,
+    encode_snapshot,
+)
+from appliance.cluster.records import decode_delivery, decode_retained, encode_retained, retained_order
+from appliance.cluster.replicated import ReplicatedSpace
+from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
+from appliance.cluster.wire import Forward, Replicate, SessionState, SessionTakeover, decode_body, encode
+from appliance.protocol.reason_codes import ReasonCode
+from appliance.store import SqliteStore
+
+from .cluster_store import ClusterStore
+from .config import Config, parse_hostport
+
+if TYPE_CHECKING:
+    from appliance.broker.broker import Broker
+    from appliance.broker.ports import EventSink, Snapshot
+    from appliance.cluster.wire import ClusterMessage
+
+log = logging.getLogger("appliance.cluster")
+SESSIONS, RETAINED = "sessions", "retained"
+FROM_OWNER, FROM_COPY = 1, 2  # first byte of a SessionState's data
+
+
+def _key(seq: int) -> str:
+    return f"{seq:020d}"
+
+
+class ClusterWiring:
+    """The cluster side of one broker node (implements appliance.broker.ports.ClusterPort)."""
+
+    def __init__(self, config: Config, inner: SqliteStore, events: EventSink | None, secret: bytes) -> None:
+        c = config.values["cluster"]
+        self.c = c
+        self.node_id = config.node_name
+        self.inner = inner
+        self.store = ClusterStore(inner)
+        self.store.on_session_op = self._session_op
+        self.events = events
+        self.r = int(c["replication_factor"])
+        self.clock = time.time
+        self.broker: Broker | None = None
+        self.remote_tree = TopicTree()
+        self.claims: dict[str, SessionClaim] = {}
+        self.copies: dict[str, ReplicaCopy] = {}  # replica copies of sessions owned by other nodes
+        self.assigned: dict[str, list[str]] = {}  # local persistent session -> its replica nodes
+        self._origin: dict[str, int] = {}  # client id -> how the session being connected got here
+        self._requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]] = {}
+        self._request_id = 0
+        self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
+        self._rebalance_pending = False
+        host, port = parse_hostport(c["bind"], "cluster.bind")
+        tcp = config.get("listener", "tcp")
+        self.config = ClusterConfig(
+            node_id=self.node_id, cluster=c["name"], secret=secret, host=host, port=port,
+            mqtt_port=parse_hostport(tcp, "listener.tcp")[1] if tcp else None,
+            seeds=list(c["seeds"]), mdns=c["mdns"], mdns_ttl=c["mdns_ttl"],
+            mdns_addresses=[c["advertise"]] if c["advertise"] else None,
+            heartbeat_interval=c["heartbeat_interval"], failure_timeout=c["failure_timeout"],
+            anti_entropy_interval=c["anti_entropy_interval"], gc_interval=max(30.0, c["anti_entropy_interval"]),
+            spaces=(SESSIONS, RETAINED), tls_ca=c["tls_ca"] or None, tls_cert=c["tls_cert"] or None,
+            tls_key=c["tls_key"] or None)
+        self.service: ClusterService | None = None
+
+    # -- start-up ------------------------------------------------------------------------------------------------
+    def restore(self, snapshot: Snapshot) -> None:
+        """Rebuild the service from the durable cluster state (before the broker serves anyone)."""
+        kv = self.inner.load_kv()
+        meta = snapshot.meta
+        spaces = {}
+        for name in (SESSIONS, RETAINED):
+            clocks = {k: dvv.decode(v) for k, v in kv.get(f"dvv/{name}", {}).items()}
+            spaces[name] = ReplicatedSpace(name, self.node_id, counter=int(meta.get(f"cluster.counter.{name}", "0")),
+                                           clocks=clocks, grace=self.config.tombstone_grace)
+        in_transit: dict[str, list[Forward]] = {}
+        for ns, rows in kv.items():
+            if ns.startswith("fwd/"):
+                msgs = [decode_body(v[4], v[5:]) for v in rows.values()]
+                in_transit[ns[4:]] = [m for m in msgs if isinstance(m, Forward)]
+            elif ns == "rs":
+                for cid, value in rows.items():
+                    copy = decode_copy(value)
+                    for qv in kv.get(f"rq/{cid}", {}).values():
+                        d = decode_delivery(qv)
+                        copy.queue[d.seq] = d
+                    self.copies[cid] = copy
+        committed = {k[len("cluster.fwd."):]: int(v) for k, v in meta.items() if k.startswith("cluster.fwd.")}
+        callbacks = ClusterCallbacks(on_replicated=self._on_replicated, on_forward=self._on_forward,
+                                     on_forward_released=self._on_forward_released, on_member=self._on_member,
+                                     on_replicate=self._on_replicate, on_session_message=self._on_session_message)
+        self.service = ClusterService(
+            self.config, callbacks, spaces=spaces, in_transit=in_transit,
+            next_seq={p: self._seq_base for p in in_transit}, committed_upto=committed)
+        for k, v in meta.items():
+            if k.startswith("cluster.rep."):
+                peer = k[len("cluster.rep."):]
+                self.service.restore_replication(peer, next_seq=self._seq_base, committed_upto=int(v))
+        for cid, value in spaces[SESSIONS].items(claim_order).items():
+            self._apply_claim(cid, decode_claim(value), restoring=True)
+
+    def attach(self, broker: Broker) -> None:
+        """The broker this wiring serves (constructed with self.store and self as its cluster port)."""
+        self.broker = broker
+
+    async def async_start(self) -> None:
+        """Start links, discovery and rounds."""
+        assert self.service is not None
+        await self.service.async_start()
+        self._schedule_rebalance()
+
+    async def async_stop(self) -> None:
+        """Goodbye to peers and mDNS."""
+        if self.service is not None:
+            await self.service.async_stop()
+
+    @property
+    def svc(self) -> ClusterService:
+        """The running service."""
+        assert self.service is not None
+        return self.service
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(kind, **fields)
+
+    def _live(self) -> list[str]:
+        return self.svc.membership.live()
+
+    # -- ClusterPort: routing and policies -----------------------------------------------------------------------
+    def _targets(self, message: Message) -> dict[str, list[str]]:
+        """Remote node -> its sessions with a matching subscription."""
+        by_node: dict[str, list[str]] = {}
+        match = self.remote_tree.match(message.topic)
+        for client_id, _filter, options in match.subscribers:
+            if options.no_local and client_id == message.publisher:
+                continue
+            claim = self.claims.get(client_id)
+            if claim is not None and claim.owner != self.node_id:
+                clients = by_node.setdefault(claim.owner, [])
+                if client_id not in clients:
+                    clients.append(client_id)
+        return by_node
+
+    def publish_refusal(self, message: Message) -> int | None:
+        """allow_publish = false: refuse while a target node is down; under_replicated = refuse: while < R live."""
+        if not self.c["allow_publish"]:
+            links = self.svc.links
+            if any(not links.is_up(node) for node in self._targets(message)):
+                return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        if self.c["under_replicated"] == "refuse" and self.r > 1 and len(self._live()) < self.r:
+            return ReasonCode.QUOTA_EXCEEDED
+        return None
+
+    def route_remote(self, message: Message) -> int:
+        """Forward to every node with a matching subscriber (point to point); return the sessions reached."""
+        reached = 0
+        for node, clients in self._targets(message).items():
+            self._forward(node, message, tuple(clients))
+            reached += len(clients)
+        return reached
+
+    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> None:
+        """Durably buffer and send one Forward; a QoS>0 one gates the next ack unless the policy lets it go."""
+        svc = self.svc
+        if node not in svc.senders:
+            svc.senders[node] = ForwardSender(node, next_seq=self._seq_base)
+        store = self.store
+        seq_box: list[int] = []
+        fwd = svc.forward(node, message, clients, lambda _s, _st: store.wait_done(node, seq_box[0], "f"))
+        seq_box.append(fwd.seq)
+        if message.qos:
+            self.inner.kv_put(f"fwd/{node}", _key(fwd.seq), encode(fwd))
+            if svc.links.is_up(node) or not self.c["allow_publish"]:
+                store.add_wait(node, fwd.seq, "f")
+        self._emit("forwarded", message=message, peer_node=node)
+
+    def _refusal_while_split(self, allowed: bool) -> int | None:
+        if allowed or not self.svc.membership.unreachable():
+            return None
+        return ReasonCode.UNSPECIFIED_ERROR
+
+    def subscribe_refusal(self) -> int | None:
+        """allow_subscribe = false: refuse while a known node is down."""
+        return self._refusal_while_split(self.c["allow_subscribe"])
+
+    def unsubscribe_refusal(self) -> int | None:
+        """allow_unsubscribe = false: refuse while a known node is down."""
+        return self._refusal_while_split(self.c["allow_unsubscribe"])
+
+    def session_changed(self, record: SessionRecord) -> None:
+        """Claim the session cluster-wide with its current subscriptions."""
+        cid = record.client_id
+        current = self.claims.get(cid)
+        mine = current is not None and current.owner == self.node_id
+        origin = self._origin.pop(cid, current.origin if mine and current is not None else FRESH)
+        claim = SessionClaim(self.node_id, current.epoch if mine and current is not None else self.clock(), origin,
+                             record.expiry_interval > 0, dict(record.subscriptions))
+        if claim != current:
+            self.svc.put(SESSIONS, cid, encode_claim(claim))
+
+    def session_removed(self, client_id: str) -> None:
+        """A session owned here ended: tombstone its claim."""
+        claim = self.claims.get(client_id)
+        if claim is not None and claim.owner == self.node_id:
+            self.svc.delete(SESSIONS, client_id)
+
+    def retained_changed(self, message: Message) -> None:
+        """Replicate a retained message (an empty payload deletes it cluster-wide)."""
+        space = self.svc.spaces[RETAINED]
+        if message.payload:
+            self.svc.put(RETAINED, message.topic, encode_retained(message))
+        elif space.value(message.topic) is not None:
+            self.svc.delete(RETAINED, message.topic)
+
+    # -- replicated spaces ---------------------------------------------------------------------------------------
+    def _on_replicated(self, space: str, key: str, clock: dvv.DVVSet | None) -> None:
+        """Persist a changed clock with the space counter, and apply the resolved value to the broker."""
+        if clock is None:
+            self.inner.kv_delete(f"dvv/{space}", key)
+        else:
+            self.inner.kv_put(f"dvv/{space}", key, dvv.encode(clock))
+        self.inner.set_meta(f"cluster.counter.{space}", str(self.svc.spaces[space].counter))
+        if space == RETAINED:
+            self._apply_retained(key, dvv.resolve(clock, retained_order) if clock is not None else None)
+        elif space == SESSIONS:
+            value = dvv.resolve(clock, claim_order) if clock is not None else None
+            self._apply_claim(key, decode_claim(value) if value is not None else None)
+
+    def _apply_retained(self, topic: str, value: bytes | None) -> None:
+        broker = self.broker
+        if broker is None:
+            return
+        current = broker.router.retained.get(topic)
+        if value is None:
+            if current is not None:
+                del broker.router.retained[topic]
+                self.store.delete_retained(topic)
+            return
+        message = decode_retained(value)
+        if current is None or current.msg_id != message.msg_id:
+            broker.router.retained[topic] = message
+            self.store.save_retained(message)
+
+    def _apply_claim(self, cid: str, claim: SessionClaim | None, restoring: bool = False) -> None:
+        """Route by the winning claim; a node that lost its claim closes the client (0x8E) and hands over."""
+        old = self.claims.get(cid)
+        if old is not None and old.owner != self.node_id:
+            for topic_filter in old.subscriptions:
+                self.remote_tree.remove(cid, topic_filter)
+        if claim is None:
+            self.claims.pop(cid, None)
+            return
+        self.claims[cid] = claim
+        if claim.owner == self.node_id:
+            return
+        for topic_filter, options in claim.subscriptions.items():
+            self.remote_tree.add(cid, topic_filter, options)
+        if restoring:
+            return
+        broker = self.broker
+        if broker is not None and cid in broker.sessions:
+            self._lose(cid, claim)
+        if old is not None and old.owner != claim.owner:
+            self._retarget(cid, old.owner, claim.owner)
+
+    def _lose(self, cid: str, claim: SessionClaim) -> None:
+        """Another node's claim won: our connection gets 0x8E; messages it cannot have are handed to it."""
+        broker = self.broker
+        assert broker is not None
+        image = session_image(broker, cid)
+        log.info("session %s now owned by %s: closing it here", cid, claim.owner)
+        if image is not None:
+            for delivery in image[1]:
+                if claim.origin == FRESH or delivery.message.created >= claim.epoch:
+                    self._forward(claim.owner, delivery.message, (cid,))
+        release_session(broker, cid, clean_start=False)
+        self._emit("migrated", subscriber=cid, peer_node=claim.owner, reason="claim_lost")
+
+    def _retarget(self, cid: str, old: str, new: str) -> None:
+        """Buffered forwards for a subscriber that moved follow it to its new node."""
+        if old == self.node_id:
+            return
+        sender = self.svc.senders.get(old)
+        if sender is None:
+            return
+        seqs = [f.seq for f in sender.resend() if cid in f.clients]
+        for fwd, waiters in sender.retarget(seqs):
+            if fwd.message.qos:
+                self.inner.kv_delete(f"fwd/{old}", _key(fwd.seq))
+            if new == self.node_id:
+                assert self.broker is not None
+                deliver_forwarded(self.broker, fwd.message, fwd.clients)
+            else:
+                self._forward(new, fwd.message, fwd.clients)
+            for waiter in waiters:
+                self.inner.after_commit(waiter, fwd.seq, 0)
+
+    # -- forwarding ----------------------------------------------------------------------------------------------
+    def _on_forward(self, peer: str, fwd: Forward) -> None:
+        """Enqueue a forwarded message durably (replicas included), then ack it; moved subscribers get it onward."""
+        broker = self.broker
+        assert broker is not None
+        missing, _persisted = deliver_forwarded(broker, fwd.message, fwd.clients)
+        onward: dict[str, list[str]] = {}
+        for cid in missing:
+            claim = self.claims.get(cid)
+            if claim is not None and claim.owner not in (self.node_id, peer):
+                onward.setdefault(claim.owner, []).append(cid)
+        for node, clients in onward.items():
+            self._forward(node, fwd.message, tuple(clients))
+        self.inner.set_meta(f"cluster.fwd.{peer}", str(fwd.seq))
+        self.store.after_own_acks(self.svc.forward_committed, peer, fwd.seq)
+
+    def _on_forward_released(self, peer: str, released: list[Forward]) -> None:
+        """The peer acked: drop the forwards from the durable in-transit buffer."""
+        for fwd in released:
+            if fwd.message.qos:
+                self.inner.kv_delete(f"fwd/{peer}", _key(fwd.seq))
+            self._emit("forward_acked", message=fwd.message, peer_node=peer)
+
+    # -- membership ----------------------------------------------------------------------------------------------
+    def _on_member(self, peer: str, up: bool) -> None:
+        """Peer up / down: events, policy on pending acks, re-replication."""
+        self._emit("peer_up" if up else "peer_down", peer_node=peer)
+        log.info("peer %s %s", peer, "up" if up else "down")
+        if not up:
+            if self.c["allow_publish"]:
+                self.store.peer_down(peer, "f")
+            self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once
+            for request_id, (future, asked, _clean) in list(self._requests.items()):
+                if asked == peer and not future.done():
+                    future.set_result(None)
+                    self._requests.pop(request_id, None)
+        self._schedule_rebalance()
+
+    # -- queue replication (owner side) --------------------------------------------------------------------------
+    def _placement(self, cid: str) -> list[str]:
+        """The R-1 replica nodes of a session owned here, from the live members."""
+        others = [n for n in self._live() if n != self.node_id]
+        return rendezvous(cid, others, self.r - 1)
+
+    def _snapshot(self, cid: str) -> bytes:
+        assert self.broker is not None
+        image = session_image(self.broker, cid)
+        assert image is not None
+        claim = self.claims.get(cid)
+        return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2])
+
+    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool) -> None:
+        svc = self.svc
+        if peer not in svc.replica_senders:
+            svc.replica_senders[peer] = ReplicaSender(peer, next_seq=self._seq_base)
+        store = self.store
+        seq_box: list[int] = []
+        rep = svc.replicate(peer, cid, op, data, lambda _s, _st: store.wait_done(peer, seq_box[0], "r"))
+        seq_box.append(rep.seq)
+        if acked and svc.links.is_up(peer):
+            store.add_wait(peer, rep.seq, "r")
+
+    def _session_op(self, cid: str, op: int, data: bytes, acked: bool) -> None:
+        """A write to a session's durable state: the same write to its replicas."""
+        broker = self.broker
+        if broker is None or self.service is None or self.r < 2:
+            return
+        if op == OP_DROP:
+            for peer in self.assigned.pop(cid, []):
+                self._replicate(peer, cid, OP_DROP, b"", False)
+            return
+        session = broker.sessions.get(cid)
+        if session is None or not session.persistent:
+            return
+        peers = self.assigned.get(cid)
+        if peers is None:
+            peers = self.assigned[cid] = self._placement(cid)
+            snapshot = self._snapshot(cid)
+            for peer in peers:
+                self._replicate(peer, cid, OP_SNAPSHOT, snapshot, True)
+            if op == OP_SESSION:
+                return
+        if op == OP_SESSION:
+            claim = self.claims.get(cid)
+            data = encode_snapshot(claim.epoch if claim else self.clock(), session.record, [], [])
+        for peer in peers:
+            self._replicate(peer, cid, op, data, acked)
+
+    def _schedule_rebalance(self) -> None:
+        if not self._rebalance_pending:
+            self._rebalance_pending = True
+            asyncio.get_running_loop().call_later(0.2, self._rebalance)
+
+    def _rebalance(self) -> None:
+        """Restore R copies of every persistent session owned here after a membership change (snapshots)."""
+        self._rebalance_pending = False
+        broker = self.broker
+        if broker is None or self.r < 2:
+            return
+        live = set(self._live())
+        for cid, session in list(broker.sessions.items()):
+            if not session.persistent:
+                continue
+            want = self._placement(cid)
+            have = self.assigned.get(cid, [])
+            if want == have:
+                continue
+            snapshot = self._snapshot(cid)
+            for peer in want:
+                if peer not in have:
+                    self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False)
+            for peer in have:
+                if peer not in want and peer in live:
+                    self._replicate(peer, cid, OP_DROP, b"", False)
+            self.assigned[cid] = want
+
+    # -- queue replication (replica side) ------------------------------------------------------------------------
+    def _on_replicate(self, peer: str, rep: Replicate) -> None:
+        """Apply one queue operation to our copy, durably, then ack it."""
+        cid = rep.client_id
+        old = self.copies.get(cid)
+        old_owner, old_version = (old.owner, old.version) if old is not None else (None, -1)
+        new = apply_op(old, peer, rep.op, rep.data)
+        changed = new is not old or (new is not None and new.version != old_version)
+        if changed:
+            self._persist_copy(cid, new, rep, whole=new is not old or old_owner != peer)
+        self.inner.set_meta(f"cluster.rep.{peer}", str(rep.seq))
+        self.inner.after_commit(self.svc.replicate_committed, peer, rep.seq, 0)
+        if rep.op == OP_SNAPSHOT and new is not None:
+            self._emit("replicated", subscriber=cid, peer_node=peer, reason="snapshot")
+
+    def _persist_copy(self, cid: str, copy: ReplicaCopy | None, rep: Replicate, whole: bool) -> None:
+        """Write what one operation changed in a replica copy (header row, queue rows)."""
+        inner = self.inner
+        if copy is None:
+            self.copies.pop(cid, None)
+            inner.kv_delete("rs", cid)
+            inner.kv_delete_ns(f"rq/{cid}")
+            return
+        self.copies[cid] = copy
+        ns = f"rq/{cid}"
+        if whole or rep.op in (OP_SESSION, OP_QOS2_ADD, OP_QOS2_DEL):
+            header = ReplicaCopy(copy.owner, copy.epoch, copy.record, {}, copy.qos2, copy.version)
+            inner.kv_put("rs", cid, encode_copy(header))
+        if whole:
+            inner.kv_delete_ns(ns)
+            for seq, d in copy.queue.items():
+                inner.kv_put(ns, _key(seq), encode_delivery(d))
+        elif rep.op == OP_ENQUEUE:
+            inner.kv_put(ns, _key(decode_delivery(rep.data).seq), rep.data)
+        elif rep.op == OP_UPDATE:
+            seq = decode_update(rep.data)[0]
+            if seq in copy.queue:
+                inner.kv_put(ns, _key(seq), encode_delivery(copy.queue[seq]))
+        elif rep.op == OP_REMOVE:
+            inner.kv_delete(ns, _key(decode_uint(rep.data)))
+
+    # -- takeover and migration ----------------------------------------------------------------------------------
+    def prepare_connect(self, client_id: str, clean_start: bool) -> Coroutine[Any, Any, int] | None:
+        """None when the session is ours or new; else an awaitable of the CONNACK code after fetching it."""
+        claim = self.claims.get(client_id)
+        if not client_id or claim is None or claim.owner == self.node_id:
+            return None
+        return self._async_takeover(client_id, clean_start, claim)
+
+    async def _async_ask(self, peer: str, cid: str, clean_start: bool) -> tuple[int, bytes] | None:
+        self._request_id += 1
+        request_id = self._request_id
+        future: asyncio.Future[tuple[int, bytes] | None] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = (future, peer, clean_start)
+        if not self.svc.send(peer, SessionTakeover(request_id, cid, self.node_id, clean_start)):
+            self._requests.pop(request_id, None)
+            return None
+        try:
+            return await asyncio.wait_for(future, self.c["failure_timeout"] * 2)
+        except TimeoutError:
+            return None
+        finally:
+            self._requests.pop(request_id, None)
+
+    async def _async_takeover(self, cid: str, clean_start: bool, claim: SessionClaim) -> int:
+        owner = claim.owner
+        if self.svc.links.is_up(owner):
+            answer = await self._async_ask(owner, cid, clean_start)
+            if answer is not None:
+                return ReasonCode.SUCCESS  # an owner's session was adopted when its state arrived
+        if not self.c["allow_register"]:
+            log.warning("CONNECT %s refused: owner %s unreachable and allow_register = false", cid, owner)
+            return ReasonCode.SERVER_UNAVAILABLE
+        if clean_start or not claim.persistent:
+            return ReasonCode.SUCCESS
+        candidates: list[ReplicaCopy] = []
+        local = self.copies.get(cid)
+        if local is not None:
+            candidates.append(local)
+        peers = [p for p in self.svc.links.up_peers() if p != owner]
+        for answer in await asyncio.gather(*(self._async_ask(p, cid, False) for p in peers)):
+            if answer is not None and answer[0] == FROM_COPY:
+                candidates.append(decode_copy(answer[1]))
+            elif answer is not None and answer[0] == FROM_OWNER:
+                return ReasonCode.SUCCESS  # a live owner after all (the claim was stale): adopted
+        if cid in (self.broker.sessions if self.broker else {}):
+            return ReasonCode.SUCCESS
+        if candidates:
+            best = max(candidates, key=lambda c: (c.epoch, c.version))
+            assert self.broker is not None
+            queue = sorted(best.queue.values(), key=lambda d: d.seq)
+            self._origin[cid] = FROM_REPLICA
+            adopt_session(self.broker, best.record, queue, sorted(best.qos2))
+            if local is not None:
+                self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
+            self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
+            log.info("session %s resumed from a replica (%d queued), owner %s unreachable", cid, len(queue), owner)
+        return ReasonCode.SUCCESS
+
+    def _on_session_message(self, peer: str, msg: ClusterMessage) -> None:
+        """SessionTakeover from a node taking a client over; SessionState answers."""
+        broker = self.broker
+        assert broker is not None
+        if isinstance(msg, SessionTakeover):
+            cid = msg.client_id
+            if cid in broker.sessions:
+                image = release_session(broker, cid, msg.clean_start)
+                assert image is not None
+                record, queue, qos2 = image
+                epoch = self.clock()
+                claim = SessionClaim(msg.node, epoch, MIGRATED, record.expiry_interval > 0, dict(record.subscriptions))
+                self.svc.put(SESSIONS, cid, encode_claim(claim))
+                data = bytes([FROM_OWNER]) + encode_snapshot(epoch, record, queue, qos2)
+                self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
+                self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
+            elif cid in self.copies:
+                data = bytes([FROM_COPY]) + encode_copy(self.copies[cid])
+                self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
+            else:
+                self.svc.send(peer, SessionState(msg.request_id, cid, False, b""))
+        elif isinstance(msg, SessionState):
+            pending = self._requests.get(msg.request_id)
+            clean = pending[2] if pending is not None else False
+            if msg.present and msg.data[:1] == bytes([FROM_OWNER]):
+                # Adopt now, in stream order, even if the asker gave up: the owner has already let it go.
+                _epoch, record, queue, qos2 = decode_snapshot(msg.data[1:])
+                if not clean and record.expiry_interval > 0:
+                    self._origin[msg.client_id] = MIGRATED
+                    adopt_session(broker, record, queue, qos2)
+            if pending is not None and not pending[0].done():
+                kind = msg.data[0] if msg.present and msg.data else 0
+                pending[0].set_result((kind, msg.data[1:]))
+
+    # -- status --------------------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """`cluster show` / GET /cluster: members, replication state, digests of the replicated spaces."""
+        svc = self.svc
+        broker = self.broker
+        spaces = {}
+        for name, space in svc.spaces.items():
+            clocks = space.clocks()
+            h = hashlib.sha256()
+            for key in sorted(clocks):
+                h.update(key.encode() + b"\0" + dvv.encode(clocks[key]) + b"\0")
+            spaces[name] = {"keys": len(clocks), "live": len(space.items()), "digest": h.hexdigest()}
+        persistent = [c for c, s in (broker.sessions.items() if broker else []) if s.persistent]
+        short = sum(1 for c in persistent if len(self.assigned.get(c, [])) < self.r - 1)
+        return {
+            "node": self.node_id,
+            "cluster": self.c["name"],
+            "replication_factor": self.r,
+            "members": svc.status(),
+            "sessions_owned": len(broker.sessions) if broker else 0,
+            "replica_copies": len(self.copies),
+            "under_replicated": short,
+            "acks_waiting": self.store.gated,
+            "spaces": spaces,
+            "owners": {cid: c.owner for cid, c in sorted(self.claims.items())[:1000]},
+        }

@@ -1,0 +1,3 @@
+"""Cluster end-to-end fixtures: the shared namespace lab."""
+
+from tests.harness.fixtures import netns_lab  # noqa: F401
