@@ -79,9 +79,11 @@ def check(events: Iterable[Event]) -> Result:
             sent.setdefault((ev["c"], ev["seq"]), ev["qos"])
         elif kind == "ack":
             key = (ev["c"], ev["seq"])
+            if ev["stage"] == "pubcomp":  # the message was owned by the broker since its PUBREC: nothing to learn
+                continue
             if ev["rc"] >= 0x80:
                 refused.add(key)
-            elif (ev["qos"] == 1 and ev["stage"] == "puback") or (ev["qos"] == 2 and ev["stage"] == "pubrec"):
+            else:
                 acked.add(key)
         elif kind == "conn":
             if ev["c"] in seen_conn and not ev["sp"]:

@@ -102,3 +102,10 @@ def test_reordering_is_per_publisher_stream() -> None:
 def test_session_loss_is_reported() -> None:
     h = H().sub("s").add("conn", c="s", node=0, sp=True).add("conn", c="s", node=1, sp=False)
     assert check(h.events).counts["session_lost"] == 1
+
+
+def test_pubcomp_error_after_pubrec_keeps_the_message_acknowledged() -> None:
+    h = H().sub("s")
+    h.send("p", 1, qos=2).add("ack", c="p", seq=1, qos=2, rc=0x92, stage="pubcomp")  # session lost after PUBREC
+    r = check(h.events)
+    assert r.counts["acked"] == 1 and r.counts["refused"] == 0 and r.counts["lost"] == 1
