@@ -19,6 +19,7 @@ from typing import Any
 
 from appliance.deliverylog.receipts import ReceiptLogger
 from appliance.protocol.packets import (
+    Packet,
     Pingreq,
     Properties,
     Puback,
@@ -221,6 +222,7 @@ class Publisher:
             await conn.async_drain(SILENCE_LIMIT)
             can_send = sending and len(self.inflight) < c.spec.window
             wait = min(max(next_send - c.loop.time(), 0.001), 0.25) if can_send else 0.25
+            packet: Packet | None
             try:
                 packet = await conn.async_recv(wait)
             except Gone:
