@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -17,8 +18,11 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from .config import Config, ConfigError, parse_hostport
+
+log = logging.getLogger("appliance.listeners")
 
 
 def tls_context(config: Config) -> ssl.SSLContext:
@@ -65,6 +69,15 @@ class _WsTransport(asyncio.Transport):
         assert self._outer.transport is not None
         return self._outer.transport.get_extra_info(name, default)
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        """Apply the limits to the underlying TCP transport (back-pressure reaches the MQTT protocol)."""
+        if self._outer.transport is not None:
+            self._outer.transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes buffered in the underlying TCP transport."""
+        return self._outer.transport.get_write_buffer_size() if self._outer.transport is not None else 0
+
     def pause_reading(self) -> None:
         """Pause the underlying TCP transport."""
         if self._outer.transport is not None:
@@ -96,10 +109,15 @@ class WebSocketProtocol(asyncio.Protocol):
             self.ws.receive_data(data)
             for event in self.ws.events():
                 self._on_event(event)
-        except Exception:  # wsproto raises its own errors for protocol violations: end the connection
+        except (RemoteProtocolError, LocalProtocolError) as exc:  # WebSocket protocol violation: end it
+            log.info("websocket %s: %s", self._peer(), exc)
             self.closing = True
             if self.transport is not None:
                 self.transport.close()
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, Request):

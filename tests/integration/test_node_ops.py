@@ -159,10 +159,6 @@ def test_sigterm_disconnects_0x8b_exits_0_and_keeps_acked_messages(tmp_path: Pat
             c.close()
 
 
-SHUTDOWN_ACK_BUG = ("on SIGTERM the node closes every connection (broker.shutdown) before the pending commit's "
-                    "after_commit callbacks run, so committed messages are never acknowledged and publishers resend "
-                    "them (node.py async_shutdown: flush the store before broker.shutdown)")
-
 
 def test_sigterm_during_a_burst_loses_no_acknowledged_message(tmp_path: Path) -> None:
     with running_broker("ours", tmp_path) as broker:
@@ -188,8 +184,8 @@ def test_sigterm_during_a_burst_loses_no_acknowledged_message(tmp_path: Path) ->
             delivered.add(int(packet.payload))
         again.close()
     assert acked <= delivered, f"acknowledged but lost: {sorted(acked - delivered)[:20]}"
-    if got[-1:] == [Disconnect(ReasonCode.SERVER_SHUTTING_DOWN)] and acked != delivered:  # no RST ate the acks
-        pytest.xfail(f"{len(delivered - acked)} committed messages were not acknowledged: {SHUTDOWN_ACK_BUG}")
+    if got[-1:] == [Disconnect(ReasonCode.SERVER_SHUTTING_DOWN)]:  # no RST ate the acks
+        assert acked == delivered, f"{len(delivered - acked)} committed messages were not acknowledged"
 
 
 # -- metrics --------------------------------------------------------------------------------------------------------
@@ -350,14 +346,11 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
-STORE_FAILURE_BUG = ("a persistent session's connection_lost after the store failed calls store.save_session, which "
-                     "raises StoreError: a traceback in the log (appliance/server/client.py connection_lost)")
-
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 @pytest.mark.parametrize("persistent_publisher", [
     False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=STORE_FAILURE_BUG)),
+    True,
 ])
 def test_full_disk_stops_acknowledging_and_exits_with_a_clear_error(tmp_path: Path, persistent_publisher: bool) -> None:
     with small_tmpfs(tmp_path / "small", "1m") as data:
