@@ -599,7 +599,11 @@ class ClusterWiring:
             h = hashlib.sha256()
             for key in sorted(clocks):
                 h.update(key.encode() + b"\0" + dvv.encode(clocks[key]) + b"\0")
-            spaces[name] = {"keys": len(clocks), "live": len(space.items()), "digest": h.hexdigest()}
+            live = hashlib.sha256()
+            for key, value in sorted(space.items().items()):
+                live.update(key.encode() + b"\0" + value + b"\0")
+            spaces[name] = {"keys": len(clocks), "live": len(space.items()), "digest": h.hexdigest(),
+                            "live_digest": live.hexdigest()}
         persistent = [c for c, s in (broker.sessions.items() if broker else []) if s.persistent]
         short = sum(1 for c in persistent if len(self.assigned.get(c, [])) < self.r - 1)
         return {
