@@ -41,7 +41,7 @@ class DeliveryLog:
         fsync_every_s: float | None = 10.0,
         sync_every_s: float = 0.5,
         flush_interval_s: float = 0.05,
-        max_backlog: int = 1_000_000,
+        max_backlog: int = 100_000,
         gzip_level: int = 6,
         seq_property: str = "seq",
         strict: bool = False,

@@ -7,6 +7,7 @@ SIGTERM/SIGINT and exits on EOF after closing its segment, so a killed or stoppi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import marshal
 import os
@@ -20,6 +21,8 @@ from .identity import Identity
 from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Item, Limits, WriterStats, message_tuple
 
 _HEAD = struct.Struct("!cI")
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
+PIPE_BYTES = 1 << 20
 
 
 def send(out: Any, kind: bytes, payload: bytes = b"") -> None:
@@ -106,6 +109,10 @@ class WriterProcess:
             close_fds=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
+        try:  # a roomier pipe absorbs bursts while the (niced) writer waits for CPU
+            fcntl.fcntl(proc.stdin.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass
         self.proc = proc
         self._reader = FrameReader(proc.stdout.fileno())
         send(proc.stdin, b"S", self._setup)

@@ -218,7 +218,9 @@ def test_loop_mode_uploads_new_segments_and_stops_on_sigterm(tmp_path):
                               "--dest-dir", str(dest), "--loop", "--interval", "0.2"], cwd=ROOT,
                              stdout=subprocess.PIPE, text=True)
     try:
-        segments = _write_segments(tmp_path / "log", events=400)
+        segments = _write_segments(tmp_path / "staging", events=400)
+        for name in segments:  # closed segments appear in the watched directory, as the writer's renames do
+            os.rename(tmp_path / "staging" / name, tmp_path / "log" / name)
         deadline = time.monotonic() + 60
         while closed_segments(str(tmp_path / "log")) and time.monotonic() < deadline:
             time.sleep(0.1)
