@@ -43,6 +43,7 @@ class RunConfig:
     qos1_publishers: int = 2
     qos2_publishers: int = 2
     subscribers: int = 3
+    ops: tuple[str, ...] = ()  # nemesis operations (default: all that apply to the node count)
 
 
 @dataclass
@@ -112,7 +113,7 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
         proc, log = nodes.spawn_workload(spec_path, workdir / "workload.log")
         _wait_ready(proc, log, READY_TIMEOUT)
         ready = time.monotonic()
-        nemesis = Nemesis(nodes, rng)
+        nemesis = Nemesis(nodes, rng, ops=tuple(config.ops))
         if config.nemesis:
             nemesis.run(until=ready + config.traffic_s - 1.0)
         nemesis.heal()
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=25.0, help="messages/s per publisher")
     p.add_argument("--deliverylog", action="store_true", help="nodes write delivery logs ([deliverylog] enabled)")
     p.add_argument("--no-nemesis", action="store_true")
+    p.add_argument("--ops", default="", help="comma-separated nemesis ops (kill,stop,partition,isolate)")
     p.add_argument("--keep", action="store_true", help="keep passing runs' directories too")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
@@ -216,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--runs must be at least 1")
     seed0 = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     configs = [RunConfig(nodes=args.nodes, traffic_s=args.traffic_s, drain_s=args.drain_s, seed=seed0 + i,
-                         deliverylog=args.deliverylog, nemesis=not args.no_nemesis, rate=args.rate)
+                         deliverylog=args.deliverylog, nemesis=not args.no_nemesis, rate=args.rate,
+                         ops=tuple(op for op in args.ops.split(",") if op))
                for i in range(args.runs)]
     totals = run_many(configs, args.out, args.keep, lambda s: print(s, flush=True))
     print(totals.line(args.nodes), flush=True)
