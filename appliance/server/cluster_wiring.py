@@ -11,10 +11,9 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from appliance.broker.handover import adopt_session, deliver_forwarded, release_session, session_image
+from appliance.broker.handover import deliver_forwarded, release_session, session_image
 from appliance.broker.model import Message, SessionRecord
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
@@ -22,44 +21,31 @@ from appliance.cluster.forwarding import ForwardSender, ReplicaSender
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import (
     FRESH,
-    FROM_REPLICA,
-    MIGRATED,
     OP_DROP,
-    OP_ENQUEUE,
-    OP_QOS2_ADD,
-    OP_QOS2_DEL,
-    OP_REMOVE,
     OP_SESSION,
     OP_SNAPSHOT,
-    OP_UPDATE,
     ReplicaCopy,
     SessionClaim,
-    apply_op,
     claim_order,
     decode_claim,
     decode_copy,
-    decode_snapshot,
-    decode_uint,
-    decode_update,
     encode_claim,
-    encode_copy,
-    encode_delivery,
     encode_snapshot,
 )
 from appliance.cluster.records import decode_delivery, decode_retained, encode_retained, retained_order
 from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
-from appliance.cluster.wire import Forward, Replicate, SessionState, SessionTakeover, decode_body, encode
+from appliance.cluster.wire import Forward, decode_body, encode
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.store import SqliteStore
 
+from .cluster_sessions import SessionMigration
 from .cluster_store import ClusterStore
 from .config import Config, parse_hostport
 
 if TYPE_CHECKING:
     from appliance.broker.broker import Broker
     from appliance.broker.ports import EventSink, Snapshot
-    from appliance.cluster.wire import ClusterMessage
 
 log = logging.getLogger("appliance.cluster")
 SESSIONS, RETAINED = "sessions", "retained"
@@ -70,7 +56,7 @@ def _key(seq: int) -> str:
     return f"{seq:020d}"
 
 
-class ClusterWiring:
+class ClusterWiring(SessionMigration):
     """The cluster side of one broker node (implements appliance.broker.ports.ClusterPort)."""
 
     def __init__(self, config: Config, inner: SqliteStore, events: EventSink | None, secret: bytes) -> None:
@@ -454,139 +440,6 @@ class ClusterWiring:
                 if peer not in want and peer in live:
                     self._replicate(peer, cid, OP_DROP, b"", False)
             self.assigned[cid] = want
-
-    # -- queue replication (replica side) ------------------------------------------------------------------------
-    def _on_replicate(self, peer: str, rep: Replicate) -> None:
-        """Apply one queue operation to our copy, durably, then ack it."""
-        cid = rep.client_id
-        old = self.copies.get(cid)
-        old_owner, old_version = (old.owner, old.version) if old is not None else (None, -1)
-        new = apply_op(old, peer, rep.op, rep.data)
-        changed = new is not old or (new is not None and new.version != old_version)
-        if changed:
-            self._persist_copy(cid, new, rep, whole=new is not old or old_owner != peer)
-        self.inner.set_meta(f"cluster.rep.{peer}", str(rep.seq))
-        self.inner.after_commit(self.svc.replicate_committed, peer, rep.seq, 0)
-        if rep.op == OP_SNAPSHOT and new is not None:
-            self._emit("replicated", subscriber=cid, peer_node=peer, reason="snapshot")
-
-    def _persist_copy(self, cid: str, copy: ReplicaCopy | None, rep: Replicate, whole: bool) -> None:
-        """Write what one operation changed in a replica copy (header row, queue rows)."""
-        inner = self.inner
-        if copy is None:
-            self.copies.pop(cid, None)
-            inner.kv_delete("rs", cid)
-            inner.kv_delete_ns(f"rq/{cid}")
-            return
-        self.copies[cid] = copy
-        ns = f"rq/{cid}"
-        if whole or rep.op in (OP_SESSION, OP_QOS2_ADD, OP_QOS2_DEL):
-            header = ReplicaCopy(copy.owner, copy.epoch, copy.record, {}, copy.qos2, copy.version)
-            inner.kv_put("rs", cid, encode_copy(header))
-        if whole:
-            inner.kv_delete_ns(ns)
-            for seq, d in copy.queue.items():
-                inner.kv_put(ns, _key(seq), encode_delivery(d))
-        elif rep.op == OP_ENQUEUE:
-            inner.kv_put(ns, _key(decode_delivery(rep.data).seq), rep.data)
-        elif rep.op == OP_UPDATE:
-            seq = decode_update(rep.data)[0]
-            if seq in copy.queue:
-                inner.kv_put(ns, _key(seq), encode_delivery(copy.queue[seq]))
-        elif rep.op == OP_REMOVE:
-            inner.kv_delete(ns, _key(decode_uint(rep.data)))
-
-    # -- takeover and migration ----------------------------------------------------------------------------------
-    def prepare_connect(self, client_id: str, clean_start: bool) -> Coroutine[Any, Any, int] | None:
-        """None when the session is ours or new; else an awaitable of the CONNACK code after fetching it."""
-        claim = self.claims.get(client_id)
-        if not client_id or claim is None or claim.owner == self.node_id:
-            return None
-        return self._async_takeover(client_id, clean_start, claim)
-
-    async def _async_ask(self, peer: str, cid: str, clean_start: bool) -> tuple[int, bytes] | None:
-        self._request_id += 1
-        request_id = self._request_id
-        future: asyncio.Future[tuple[int, bytes] | None] = asyncio.get_running_loop().create_future()
-        self._requests[request_id] = (future, peer, clean_start)
-        if not self.svc.send(peer, SessionTakeover(request_id, cid, self.node_id, clean_start)):
-            self._requests.pop(request_id, None)
-            return None
-        try:
-            return await asyncio.wait_for(future, self.c["failure_timeout"] * 2)
-        except TimeoutError:
-            return None
-        finally:
-            self._requests.pop(request_id, None)
-
-    async def _async_takeover(self, cid: str, clean_start: bool, claim: SessionClaim) -> int:
-        owner = claim.owner
-        if self.svc.links.is_up(owner):
-            answer = await self._async_ask(owner, cid, clean_start)
-            if answer is not None:
-                return ReasonCode.SUCCESS  # an owner's session was adopted when its state arrived
-        if not self.c["allow_register"]:
-            log.warning("CONNECT %s refused: owner %s unreachable and allow_register = false", cid, owner)
-            return ReasonCode.SERVER_UNAVAILABLE
-        if clean_start or not claim.persistent:
-            return ReasonCode.SUCCESS
-        candidates: list[ReplicaCopy] = []
-        local = self.copies.get(cid)
-        if local is not None:
-            candidates.append(local)
-        peers = [p for p in self.svc.links.up_peers() if p != owner]
-        for answer in await asyncio.gather(*(self._async_ask(p, cid, False) for p in peers)):
-            if answer is not None and answer[0] == FROM_COPY:
-                candidates.append(decode_copy(answer[1]))
-            elif answer is not None and answer[0] == FROM_OWNER:
-                return ReasonCode.SUCCESS  # a live owner after all (the claim was stale): adopted
-        if cid in (self.broker.sessions if self.broker else {}):
-            return ReasonCode.SUCCESS
-        if candidates:
-            best = max(candidates, key=lambda c: (c.epoch, c.version))
-            assert self.broker is not None
-            queue = sorted(best.queue.values(), key=lambda d: d.seq)
-            self._origin[cid] = FROM_REPLICA
-            adopt_session(self.broker, best.record, queue, sorted(best.qos2))
-            if local is not None:
-                self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
-            self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
-            log.info("session %s resumed from a replica (%d queued), owner %s unreachable", cid, len(queue), owner)
-        return ReasonCode.SUCCESS
-
-    def _on_session_message(self, peer: str, msg: ClusterMessage) -> None:
-        """SessionTakeover from a node taking a client over; SessionState answers."""
-        broker = self.broker
-        assert broker is not None
-        if isinstance(msg, SessionTakeover):
-            cid = msg.client_id
-            if cid in broker.sessions:
-                image = release_session(broker, cid, msg.clean_start)
-                assert image is not None
-                record, queue, qos2 = image
-                epoch = self.clock()
-                claim = SessionClaim(msg.node, epoch, MIGRATED, record.expiry_interval > 0, dict(record.subscriptions))
-                self.svc.put(SESSIONS, cid, encode_claim(claim))
-                data = bytes([FROM_OWNER]) + encode_snapshot(epoch, record, queue, qos2)
-                self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
-                self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
-            elif cid in self.copies:
-                data = bytes([FROM_COPY]) + encode_copy(self.copies[cid])
-                self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
-            else:
-                self.svc.send(peer, SessionState(msg.request_id, cid, False, b""))
-        elif isinstance(msg, SessionState):
-            pending = self._requests.get(msg.request_id)
-            clean = pending[2] if pending is not None else False
-            if msg.present and msg.data[:1] == bytes([FROM_OWNER]):
-                # Adopt now, in stream order, even if the asker gave up: the owner has already let it go.
-                _epoch, record, queue, qos2 = decode_snapshot(msg.data[1:])
-                if not clean and record.expiry_interval > 0:
-                    self._origin[msg.client_id] = MIGRATED
-                    adopt_session(broker, record, queue, qos2)
-            if pending is not None and not pending[0].done():
-                kind = msg.data[0] if msg.present and msg.data else 0
-                pending[0].set_result((kind, msg.data[1:]))
 
     # -- status --------------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

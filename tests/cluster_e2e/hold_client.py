@@ -16,7 +16,8 @@ def main() -> None:
     host, client_id = sys.argv[1], sys.argv[2]
     sock = socket.create_connection((host, 1883), timeout=10)
     props = Properties(session_expiry_interval=3600)
-    sock.sendall(encode(Connect(client_id=client_id, protocol_version=MQTT_5, clean_start=False, keepalive=0, properties=props), MQTT_5))
+    connect = Connect(client_id=client_id, protocol_version=MQTT_5, clean_start=False, keepalive=0, properties=props)
+    sock.sendall(encode(connect, MQTT_5))
     data = sock.recv(64)
     if not data or data[0] != 0x20 or data[3] != 0:
         print(f"refused {data.hex()}", flush=True)
