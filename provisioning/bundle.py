@@ -20,6 +20,7 @@ from .pki import ClusterCA, fingerprint, issue_node_cert
 BUNDLE_FORMAT = 1
 INDEX = "bundle.json"
 SECRETS = "secrets"  # every file below this directory is a secret: 0600 in the bundle and on the device
+SSH = "ssh"  # ssh/authorized_keys: first boot installs it for root and enables sshd
 ADMIN = "admin"
 DATA_DIR = "/var/lib/appliance"  # systemd StateDirectory=appliance
 LOGS_DIR = "/var/log/appliance"  # systemd LogsDirectory=appliance
@@ -55,6 +56,7 @@ class FleetSettings:
     upload_endpoint: str = ""
     upload_region: str = ""
     shared_upload_key: tuple[str, str] | None = None  # (access key id, secret) for every device, else one per device
+    ssh_authorized_keys: bytes | None = None  # for devices with ssh=yes
 
 
 @dataclass(slots=True)
@@ -188,6 +190,11 @@ def build_bundle(target: Path, device: Device, cluster: ClusterMaterial, fleet: 
         secret_files[UPLOAD_CREDENTIALS] = (f"# {device.device_id}: object-store key for appliance upload\n[default]\n"
                                             f"aws_access_key_id = {upload_key[0]}\n"
                                             f"aws_secret_access_key = {upload_key[1]}\n").encode()
+    if device.ssh:
+        if fleet.ssh_authorized_keys is None:
+            raise ValueError(f"{device.device_id}: ssh=yes needs --ssh-authorized-keys")
+        (target / SSH).mkdir(mode=0o700)
+        files[f"{SSH}/authorized_keys"] = fleet.ssh_authorized_keys
     for name, data in files.items():
         write_file(target / name, data, 0o644)
     for name, data in secret_files.items():

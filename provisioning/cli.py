@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -44,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--upload-region", default="", help="object-store region")
     p.add_argument("--cert-days", type=int, default=1825, help="node certificate validity in days")
     p.add_argument("--etc-dir", default="/etc/appliance", help="where the device keeps its config (paths in configs)")
+    p.add_argument("--ssh-authorized-keys", type=Path, metavar="FILE",
+                   help="OpenSSH public keys for root on devices with ssh=yes (sshd stays off on the others)")
     p.add_argument("--device", help="only this device id (required with --write-image when several are issued)")
     p.add_argument("--write-image", type=Path, metavar="IMG", help="also copy the bundle into IMG's FAT partition")
     p.add_argument("--partition", type=int, help="partition number of the FAT file system (default: the first FAT)")
@@ -88,6 +91,9 @@ def _main(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{args.inventory}: cannot read: {exc}") from None
     devices = parse_inventory(text)
+    missing_keys = [(d.line, "ssh=yes needs --ssh-authorized-keys") for d in devices if d.ssh]
+    if missing_keys and args.ssh_authorized_keys is None:
+        raise InventoryError(missing_keys)
     if args.device:
         devices = [d for d in devices if d.device_id == args.device]
         if not devices:
@@ -111,7 +117,33 @@ def _fleet(args: argparse.Namespace) -> FleetSettings:
         raise ValueError(f"set both {UPLOAD_KEY_ENV[0]} and {UPLOAD_KEY_ENV[1]}, or neither")
     return FleetSettings(fleet=args.fleet, etc_dir=args.etc_dir, cert_days=args.cert_days, upload=args.upload,
                          upload_endpoint=args.upload_endpoint, upload_region=args.upload_region,
-                         shared_upload_key=(key_id, secret) if key_id else None)
+                         shared_upload_key=(key_id, secret) if key_id else None,
+                         ssh_authorized_keys=_ssh_keys(args.ssh_authorized_keys))
+
+
+SSH_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                 "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+
+
+def _ssh_keys(path: Path | None) -> bytes | None:
+    """Read and check an authorized_keys file: every non-comment line is `TYPE BASE64 [comment]`."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    keys = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) < 2 or words[0] not in SSH_KEY_TYPES or not re.fullmatch(r"[A-Za-z0-9+/]+={0,2}", words[1]):
+            raise ValueError(f"{path}:{number}: not an OpenSSH public key line (options are not supported)")
+        keys += 1
+    if not keys:
+        raise ValueError(f"{path}: no public keys")
+    return text.encode() if text.endswith("\n") else text.encode() + b"\n"
 
 
 def _write_image(args: argparse.Namespace, bundle: Path) -> int:

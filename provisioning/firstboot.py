@@ -13,12 +13,14 @@ import json
 import os
 import pwd
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 INDEX = "bundle.json"
 SECRETS = "secrets"
+SSH_KEYS = "ssh/authorized_keys"  # not installed under etc: root's authorized_keys, and sshd gets enabled
 RECORD = "provisioned.json"  # what was applied, kept in the etc dir (hashes only)
 
 
@@ -80,7 +82,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def apply(bundle: Path, etc: Path, user: str) -> dict:
+def enable_ssh(keys: bytes, home: Path, unit: str) -> None:
+    """Install root's authorized_keys (0600) and enable + start `unit` (empty: keys only, e.g. in a chroot)."""
+    _ensure_dir(home / ".ssh", 0o700, 0, 0)
+    _install(keys, home / ".ssh" / "authorized_keys", 0o600, 0, 0)
+    if unit:
+        # --no-block: this runs inside the boot transaction; sshd starts once its own ordering allows.
+        proc = subprocess.run(["systemctl", "enable", "--now", "--no-block", unit], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise BundleError(f"systemctl enable --now {unit}: {proc.stderr.strip()}")
+
+
+def apply(bundle: Path, etc: Path, user: str, ssh_home: Path = Path("/root"), ssh_unit: str = "ssh.service") -> dict:
     """Install a verified bundle into `etc` (secrets 0600 owned by `user`), then wipe and remove the bundle."""
     index = load_index(bundle)
     try:
@@ -96,7 +110,9 @@ def apply(bundle: Path, etc: Path, user: str) -> dict:
     _ensure_dir(etc / SECRETS, 0o700, uid, gid)
     for rel in index["files"]:
         data = (bundle / rel).read_bytes()
-        if PurePosixPath(rel).parts[0] == SECRETS:
+        if rel == SSH_KEYS:
+            enable_ssh(data, ssh_home, ssh_unit)
+        elif PurePosixPath(rel).parts[0] == SECRETS:
             _install(data, etc / rel, 0o600, uid, gid)  # secrets: the broker's user only
         elif rel.endswith(".crt"):
             _install(data, etc / rel, 0o644, 0, root_gid)  # public certificates
@@ -104,6 +120,7 @@ def apply(bundle: Path, etc: Path, user: str) -> dict:
             _install(data, etc / rel, 0o640, 0, gid)  # config and ACL: root writes, the broker reads
     record = {"applied_at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
               "device_id": index.get("device_id"), "hostname": index.get("hostname"), "cluster": index.get("cluster"),
+              "ssh": SSH_KEYS in index["files"],
               "files": {rel: meta["sha256"] for rel, meta in index["files"].items()}}
     _install((json.dumps(record, indent=2) + "\n").encode(), etc / RECORD, 0o644, 0, root_gid)
     _fsync_dir(etc / SECRETS)
@@ -135,12 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bundle", type=Path, default=Path("/boot/firmware/appliance"))
     p.add_argument("--etc", type=Path, default=Path("/etc/appliance"))
     p.add_argument("--user", default="appliance")
+    p.add_argument("--ssh-home", type=Path, default=Path("/root"), help="whose authorized_keys a bundle may set")
+    p.add_argument("--ssh-unit", default="ssh.service", help="unit to enable when it does ('' for none)")
     args = p.parse_args(argv)
     if not args.bundle.is_dir():
         print(f"appliance-firstboot: no bundle at {args.bundle}: nothing to do", file=sys.stderr)
         return 0
     try:
-        record = apply(args.bundle, args.etc, args.user)
+        record = apply(args.bundle, args.etc, args.user, args.ssh_home, args.ssh_unit)
     except BundleError as exc:
         print(f"appliance-firstboot: {exc}; bundle left in place, nothing installed", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ from appliance.protocol.topics import is_valid_topic_filter
 #   users=NAME:ACCESS:FILTER ...   extra MQTT users (space separated); ACCESS is read, write or readwrite;
 #                     a user may appear several times with different filters. `admin` (readwrite #) always exists.
 #   upload=off|s3://BUCKET/PREFIX  override the fleet-wide --upload destination for this device
+#   ssh=yes|no        enable sshd with the operator's --ssh-authorized-keys for root (default no: ssh stays off)
 REQUIRED = ("device_id", "hostname", "cluster", "options")
 ACCESS = ("read", "write", "readwrite")
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -56,6 +57,7 @@ class Device:
     ws: bool = False
     listen: str = "0.0.0.0"
     anonymous: bool = False
+    ssh: bool = False
     upload: str | None = None  # None: the fleet-wide default; "off": disabled; else s3://bucket/prefix
     grants: list[UserGrant] = field(default_factory=list)
 
@@ -147,7 +149,7 @@ def _apply_options(device: Device, text: str) -> None:
         if key in seen:
             raise ValueError(f"option {key!r} given twice")
         seen.add(key)
-        if key in ("tls", "ws", "anonymous"):
+        if key in ("tls", "ws", "anonymous", "ssh"):
             if value.lower() not in _BOOL:
                 raise ValueError(f"option {key}={value!r}: expected yes or no")
             setattr(device, key, _BOOL[value.lower()])
@@ -160,7 +162,7 @@ def _apply_options(device: Device, text: str) -> None:
         elif key == "users":
             device.grants = [_parse_grant(entry) for entry in value.split()]
         else:
-            raise ValueError(f"unknown option {key!r} (known: tls, ws, listen, anonymous, users, upload)")
+            raise ValueError(f"unknown option {key!r} (known: tls, ws, listen, anonymous, users, upload, ssh)")
 
 
 def _parse_grant(entry: str) -> UserGrant:

@@ -152,6 +152,31 @@ def test_first_boot_refuses_an_altered_bundle(tmp_path: Path, provisioned: tuple
     assert proc.returncode == 1 and "missing" in proc.stderr
 
 
-def firstboot(bundle: Path, etc: Path, user: str) -> subprocess.CompletedProcess[str]:
+def firstboot(bundle: Path, etc: Path, user: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "provisioning.firstboot", "--bundle", str(bundle), "--etc", str(etc),
-                           "--user", user], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+                           "--user", user, *extra], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="first boot hands files to another user: needs root")
+def test_first_boot_installs_ssh_keys_only_when_the_bundle_has_them(tmp_path: Path) -> None:
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFkLQ3mFq1cQ0bD2JbJ9S0xqv8c0S4Hj0d3a0bKq9vJr ops\n"
+    (tmp_path / "ops.pub").write_text(key)
+    (tmp_path / "fleet.csv").write_text("device_id,hostname,cluster,options\na,node-a,lab,ssh=yes\nb,node-b,lab,\n")
+    out = tmp_path / "out"
+    assert main(["--inventory", str(tmp_path / "fleet.csv"), "--out", str(out),
+                 "--ssh-authorized-keys", str(tmp_path / "ops.pub")]) == 0
+    for device, expect in (("a", True), ("b", False)):
+        home = tmp_path / f"home-{device}"
+        home.mkdir()
+        boot = tmp_path / f"boot-{device}" / "appliance"
+        shutil.copytree(out / "bundles" / device, boot)
+        # --ssh-unit '': install the keys but leave this machine's services alone (the boot test enables sshd).
+        proc = firstboot(boot, tmp_path / f"etc-{device}", "nobody", "--ssh-home", str(home), "--ssh-unit", "")
+        assert proc.returncode == 0, proc.stderr
+        keys = home / ".ssh" / "authorized_keys"
+        assert keys.exists() == expect
+        if expect:
+            assert keys.read_text() == key and stat.S_IMODE(keys.stat().st_mode) == 0o600
+            assert stat.S_IMODE((home / ".ssh").stat().st_mode) == 0o700
+        assert json.loads((tmp_path / f"etc-{device}" / "provisioned.json").read_text())["ssh"] == expect
+        assert not (tmp_path / f"etc-{device}" / "ssh").exists()

@@ -296,3 +296,24 @@ def test_umask_does_not_widen_secrets(tmp_path: Path) -> None:
     for path in (tmp_path / "out").rglob("*"):
         if "secrets" in path.parts or path.name in ("ca.key", "cluster.secret", "mqtt-users.txt"):
             assert stat.S_IMODE(path.stat().st_mode) in (0o600, 0o700), path
+
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFkLQ3mFq1cQ0bD2JbJ9S0xqv8c0S4Hj0d3a0bKq9vJr operator@laptop\n"
+
+
+def test_ssh_only_where_asked_and_only_with_valid_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    csv_path = tmp_path / "fleet.csv"
+    csv_path.write_text("device_id,hostname,cluster,options\na,node-a,lab,ssh=yes\nb,node-b,lab,\n")
+    assert main(["--inventory", str(csv_path), "--out", str(tmp_path / "o1")]) == 2
+    assert "fleet.csv:2: ssh=yes needs --ssh-authorized-keys" in capsys.readouterr().err
+    bad = tmp_path / "bad.pub"
+    bad.write_text('command="rm -rf /" ssh-ed25519 AAAA x\n')
+    assert main(["--inventory", str(csv_path), "--out", str(tmp_path / "o2"), "--ssh-authorized-keys", str(bad)]) == 2
+    assert "bad.pub:1: not an OpenSSH public key line" in capsys.readouterr().err
+    keys = tmp_path / "ops.pub"
+    keys.write_text("# operators\n" + KEY)
+    out = tmp_path / "o3"
+    assert main(["--inventory", str(csv_path), "--out", str(out), "--ssh-authorized-keys", str(keys)]) == 0
+    assert (out / "bundles/a/ssh/authorized_keys").read_text() == "# operators\n" + KEY
+    assert not (out / "bundles/b/ssh").exists()
+    assert "ssh/authorized_keys" in json.loads((out / "bundles/a/bundle.json").read_text())["files"]
