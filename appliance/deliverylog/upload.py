@@ -99,14 +99,20 @@ class S3Target:
             aws_secret_access_key=cfg.secret_access_key or None,
             region_name=cfg.region,
         )
-        config = Config(
-            retries={"total_max_attempts": 1},  # we retry ourselves, with our own backoff
-            connect_timeout=cfg.timeout,
-            read_timeout=cfg.timeout,
-            s3={"addressing_style": "path"},
-            request_checksum_calculation="when_required",  # plain Content-MD5 PUTs, which any S3 clone takes
-            response_checksum_validation="when_required",
-        )
+        options: dict[str, Any] = {
+            "retries": {"total_max_attempts": 1},  # we retry ourselves, with our own backoff
+            "connect_timeout": cfg.timeout,
+            "read_timeout": cfg.timeout,
+            "s3": {"addressing_style": "path"},
+            # plain Content-MD5 PUTs, which every S3 clone takes (botocore >= 1.36 would add CRC trailers)
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+        }
+        try:
+            config = Config(**options)
+        except TypeError:  # an older botocore: it sends no trailers anyway
+            del options["request_checksum_calculation"], options["response_checksum_validation"]
+            config = Config(**options)
         self.client = session.client("s3", endpoint_url=cfg.endpoint or None, config=config)
 
     def describe(self) -> str:
