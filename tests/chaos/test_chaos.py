@@ -71,7 +71,7 @@ def test_single_node_chaos_runs() -> None:
 @pytest.mark.slow
 @pytest.mark.spark
 def test_spark_report_agrees_with_checker(tmp_path: Path) -> None:
-    """One run with broker delivery logs on, plus one injected client-side loss and duplicate: same answers."""
+    """One run (kill -9 and SIGSTOP) with broker delivery logs on, plus an injected client-side loss and duplicate."""
     pytest.importorskip("pyspark")
     from cloud_spark.session import get_spark
     from tests.chaos.spark_agreement import (
@@ -84,7 +84,8 @@ def test_spark_report_agrees_with_checker(tmp_path: Path) -> None:
     )
 
     run_dir = tmp_path / "run"
-    outcome = run_once(RunConfig(nodes=1, traffic_s=10.0, drain_s=20.0, seed=4242, deliverylog=True), run_dir)
+    config = RunConfig(nodes=1, traffic_s=10.0, drain_s=20.0, seed=4242, deliverylog=True, ops=("kill", "stop"))
+    outcome = run_once(config, run_dir)
     assert not outcome.problems, outcome.line()
     history = list(read_history(run_dir / "clients" / "history.jsonl"))
     logged = broker_logged(run_dir)
