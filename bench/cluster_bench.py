@@ -15,12 +15,14 @@ import asyncio
 import contextlib
 import json
 import platform
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +45,15 @@ class Nodes:
         self.n, self.r, self.workdir = n, r, workdir
         self.mqtt = [_free_port() for _ in range(n)]
         self.cport = [_free_port() for _ in range(n)]
+        self.http = [_free_port() for _ in range(n)]
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Nodes:
         for i in range(self.n):
             conf = self.workdir / f"n{i}.toml"
             lines = ["[node]", f'name = "n{i}"', f'data_dir = "{self.workdir / f"n{i}"}"', "[listener]",
-                     f'tcp = "127.0.0.1:{self.mqtt[i]}"', "[metrics]", "sys_interval = 0"]
+                     f'tcp = "127.0.0.1:{self.mqtt[i]}"', "[metrics]", "sys_interval = 0",
+                     f'http = "127.0.0.1:{self.http[i]}"']
             if self.n > 1:
                 seeds = [f"127.0.0.1:{p}" for j, p in enumerate(self.cport) if j != i]
                 lines += ["[cluster]", "enabled = true", 'name = "bench"', 'secret = "bench"',
@@ -68,8 +72,21 @@ class Nodes:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"node on {port} did not start")
                 time.sleep(0.05)
-        time.sleep(2.0 if self.n > 1 else 0.2)  # links up
+        deadline = time.monotonic() + 60
+        while self.n > 1 and not all(self.linked(i) for i in range(self.n)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("nodes did not form a cluster")
+            time.sleep(0.2)
         return self
+
+    def linked(self, i: int) -> bool:
+        """Whether node i sees every other node running."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http[i]}/cluster", timeout=5) as resp:
+                members = json.loads(resp.read())["members"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return sum(1 for m in members if m["state"] == "running") == self.n - 1
 
     def __exit__(self, *exc: object) -> None:
         for p in self.procs:
@@ -195,6 +212,62 @@ async def throughput(pub_port: int, sub_port: int, publishers: int, seconds: flo
             "p99_ms": _pct(lat, 0.99)}
 
 
+async def window(nodes: Nodes, kill: int, sig: int = signal.SIGKILL, rate: float = 200.0,
+                 seconds: float = 12.0) -> dict[str, Any]:
+    """Window of uncertainty: paced QoS1 publishes on node 0 to a persistent subscriber owned by node `kill`;
+    SIGKILL (connections reset at once) or SIGSTOP (silence until failure_timeout) it a third of the way in;
+    report the longest PUBACK wait and how many acks were held."""
+    sub = await connect(nodes.mqtt[kill], "cb-win-sub", clean=False)
+    await subscribe(sub, "cb/win/#", 1)
+    await asyncio.sleep(1.0)
+    pub = await connect(nodes.mqtt[0], "cb-win-pub")
+    sent_at: dict[int, int] = {}
+    acks: list[tuple[float, float]] = []  # (send time s, ack wait ms)
+    stop = asyncio.Event()
+
+    async def read_acks() -> None:
+        while not stop.is_set():
+            try:
+                pkts = await pub.packets(0.2)
+            except TimeoutError:
+                continue
+            if not pkts:
+                return
+            now = time.monotonic_ns()
+            for first, body in pkts:
+                if first >> 4 == wire.PUBACK:
+                    t = sent_at.pop(struct.unpack_from("!H", body)[0], None)
+                    if t is not None:
+                        acks.append((t / 1e9, (now - t) / 1e6))
+
+    reader = asyncio.create_task(read_acks())
+    head = wire.publish_template("cb/win/x", 100)[0]
+    pad = b"x" * 92
+    total = int(rate * seconds)
+    t0 = time.monotonic()
+    killed_at = 0.0
+    for k in range(total):
+        delay = t0 + k / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if k == total // 3:
+            nodes.procs[kill].send_signal(sig)
+            killed_at = time.monotonic()
+        pid = k % 65535 + 1
+        sent_at[pid] = time.monotonic_ns()
+        pub.writer.write(head + struct.pack("!HQ", pid, sent_at[pid]) + pad)
+    await asyncio.sleep(3.0)
+    stop.set()
+    await reader
+    pub.close()
+    if sig == signal.SIGSTOP:
+        nodes.procs[kill].send_signal(signal.SIGCONT)
+    held = [ms for t, ms in acks if t >= killed_at - 1]
+    return {"published": total, "acked": len(acks), "max_ack_wait_ms": round(max(ms for _, ms in acks), 1),
+            "acks_held_over_100ms": sum(1 for ms in held if ms > 100),
+            "failure_timeout_s": 3.0}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement, each on fresh nodes."""
     out: dict[str, Any] = {}
@@ -214,6 +287,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["tp_cross_r1"] = asyncio.run(throughput(nodes.mqtt[0], nodes.mqtt[1], 50, args.seconds, 100))
         with fresh("tp-r2", 2, 2) as nodes:
             out["tp_cross_r2"] = asyncio.run(throughput(nodes.mqtt[0], nodes.mqtt[1], 50, args.seconds, 100))
+        with fresh("window-kill", 3, 2) as nodes:
+            out["window_kill"] = asyncio.run(window(nodes, 1, signal.SIGKILL))
+        with fresh("window-stop", 3, 2) as nodes:
+            out["window_stop"] = asyncio.run(window(nodes, 1, signal.SIGSTOP))
     single = out["tp_single"]["acked_rate"] or 1
     out["ratio_cross_vs_single"] = round(out["tp_cross_r1"]["acked_rate"] / single, 3)
     out["ratio_r2_vs_r1"] = round(out["tp_cross_r2"]["acked_rate"] / (out["tp_cross_r1"]["acked_rate"] or 1), 3)
@@ -244,6 +321,12 @@ def markdown(res: dict[str, Any], args: argparse.Namespace) -> str:
                       ("cross-node R=2", "tp_cross_r2")):
         r = res[key]
         rows.append(f"| {name} | {r['acked_rate']} | {r['delivered']}/{r['acked']} | {r['p99_ms']} |")
+    for how, key in (("SIGKILLed", "window_kill"), ("SIGSTOPped", "window_stop")):
+        w = res[key]
+        rows.append(f"\nWindow of uncertainty (3 nodes, R=2, 200 msg/s QoS1 from node 0 to a subscriber owned by "
+                    f"node 1, node 1 {how}, failure_timeout {w['failure_timeout_s']} s): {w['acked']}/{w['published']} "
+                    f"acknowledged, longest PUBACK wait {w['max_ack_wait_ms']} ms, {w['acks_held_over_100ms']} acks "
+                    "held > 100 ms (held, then released with the copies in node 0's durable in-transit buffer).")
     rows.append(f"\nCross-node / single-node QoS1 throughput: **{res['ratio_cross_vs_single']}x**; "
                 f"R=2 / R=1: **{res['ratio_r2_vs_r1']}x** (target >= 0.6x). "
                 f"Seed-workload p99: R=2 {lr2['p99_ms']} ms, R=1 {lr1['p99_ms']} ms (targets 15 / 10 ms), "
