@@ -8,8 +8,10 @@ stage_appliance() {
   dir=$OUT/wheel
   rm -rf "$dir"
   mkdir -p "$dir"
-  (cd "$REPO" && "$pip" wheel --quiet --no-deps --no-build-isolation -w "$dir" .) >&2 ||
-    (cd "$REPO" && "$pip" wheel --quiet --no-deps -w "$dir" .) >&2
+  if ! (cd "$REPO" && "$pip" wheel --quiet --no-deps -w "$dir" .) >"$OUT/wheel.log" 2>&1; then
+    cat "$OUT/wheel.log" >&2
+    die "pip wheel of the checkout failed"
+  fi
   APPLIANCE_WHEEL=$(find "$dir" -name 'appliance-*.whl' | head -n1)
   [ -n "$APPLIANCE_WHEEL" ] || die "pip wheel produced no appliance wheel"
   stage_end "$(basename "$APPLIANCE_WHEEL")"

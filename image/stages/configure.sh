@@ -39,7 +39,7 @@ stage_configure() {
 # apply_sdcard_settings: services on/off (host systemctl --root: nothing runs), no swap, no shared SSH keys.
 apply_sdcard_settings() {
   systemctl --root="$ROOT" --quiet enable systemd-networkd.service systemd-resolved.service \
-    systemd-timesyncd.service appliance-growroot.service
+    systemd-timesyncd.service appliance-growroot.service appliance-ssh.service
   # ssh is off unless provisioning turns it on; every device makes its own host keys (10-hostkeys.conf).
   systemctl --root="$ROOT" --quiet disable ssh.service ssh.socket 2>/dev/null || true
   rm -f "$ROOT"/etc/ssh/ssh_host_*

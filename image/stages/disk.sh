@@ -29,7 +29,8 @@ stage_disk() {
   log "root: ext4 $root_mib MiB for $used_mib MiB of files, label $ROOT_LABEL"
   rm -f "$root_img"
   E2FSPROGS_FAKE_TIME=$SOURCE_DATE_EPOCH mkfs.ext4 -q -F -b 4096 -L "$ROOT_LABEL" -U "$ROOT_UUID" \
-    -E "hash_seed=$ROOT_UUID,root_owner=0:0" -d "$ROOT" "$root_img" "${root_mib}M"
+    -E "hash_seed=$ROOT_UUID,root_owner=0:0" -d "$ROOT" "$root_img" "${root_mib}M" >/dev/null
+  pin_inode_times "$root_img"
   e2fsck -fn "$root_img" >/dev/null 2>&1 || die "e2fsck reports errors on the new root filesystem"
 
   # MBR: partition 1 FAT32 (LBA, type c) from PART_OFFSET_MIB, partition 2 Linux right after it.
@@ -60,7 +61,24 @@ EOF
     (cd "$OUT" && sha256sum "$IMAGE_NAME.img.xz" >"$IMAGE_NAME.img.xz.sha256")
   fi
   write_build_info "$used_mib" "$root_mib" "$total_mib"
-  stage_end "$total_mib MiB raw${COMPRESS:+, $( [ -f "$img.xz" ] && du -m "$img.xz" | cut -f1) MiB xz}"
+  if [ -f "$img.xz" ]; then
+    stage_end "$total_mib MiB raw, $(du -m "$img.xz" | cut -f1) MiB xz"
+  else
+    stage_end "$total_mib MiB raw, not compressed"
+  fi
+}
+
+# pin_inode_times EXT4: mke2fs 1.47.0 -d copies each source file's ctime and atime (the time of this build's unpack);
+# set both to SOURCE_DATE_EPOCH with debugfs so the file system bytes do not depend on when the build ran.
+pin_inode_times() {
+  local cmds=$WORK/debugfs-times.cmds
+  (cd "$ROOT" && find . -printf '%P\n') | awk -v t="@$SOURCE_DATE_EPOCH" '
+    /["\\]/ { next }  # no such names in the tree; debugfs could not quote them
+    { p = "/" $0; printf "sif \"%s\" ctime %s\nsif \"%s\" atime %s\n", p, t, p, t }' >"$cmds"
+  E2FSPROGS_FAKE_TIME=$SOURCE_DATE_EPOCH debugfs -w -f "$cmds" "$1" >/dev/null 2>"$WORK/debugfs-times.err"
+  if grep -v '^debugfs [0-9.]* ' "$WORK/debugfs-times.err" | grep -q .; then
+    die "debugfs could not pin inode times: $(head -n3 "$WORK/debugfs-times.err")"
+  fi
 }
 
 # write_build_info USED_MIB ROOT_MIB TOTAL_MIB: build-info.json, the figures a test or bench/RESULTS.md reads.

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(BUILD_TIM
 MIB = 1024 * 1024
 UNITS_ON = {
     "multi-user.target.wants": ["appliance.service", "appliance-firstboot.service", "appliance-growroot.service",
-                                "systemd-networkd.service", "systemd-resolved.service"],
+                                "appliance-ssh.service", "systemd-networkd.service", "systemd-resolved.service"],
     "timers.target.wants": ["appliance-upload.timer"],
     "sysinit.target.wants": ["systemd-timesyncd.service"],
 }
