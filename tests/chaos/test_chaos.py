@@ -187,7 +187,7 @@ def cluster_ready() -> Iterator[None]:
 @pytest.mark.parametrize("n", [3])
 def test_cluster_chaos_runs(cluster_ready: None, n: int) -> None:
     """Runs against n clustered nodes with kills, stops, partitions and isolation of random nodes."""
-    configs = [RunConfig(nodes=n, traffic_s=CI_TRAFFIC_S, drain_s=40.0, seed=100 + s) for s in range(CI_RUNS // 2)]
+    configs = [RunConfig(nodes=n, traffic_s=CI_TRAFFIC_S, drain_s=40.0, seed=100 + s) for s in range(4)]
     totals = run_many(configs, OUT)
     print(totals.line(n))
     _assert_guarantees(totals, n)
