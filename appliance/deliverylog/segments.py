@@ -1,4 +1,8 @@
-"""Segment files on disk: names, crash-safe file helpers, tolerant reading and recovery of truncated `.part` files."""
+"""Segment files on disk: names, crash-safe file helpers, tolerant reading and recovery of truncated `.part` files.
+
+The open segment is always a gzip JSON Lines journal (`.jsonl.gz.part`); a closed segment is `.jsonl.gz` or
+`.parquet` depending on the writer's format.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from urllib.parse import quote
 from .schema import normalized
 
 SUFFIX = ".jsonl.gz"
+PARQUET = ".parquet"
 PART = SUFFIX + ".part"
+FORMATS = ("parquet", "jsonl.gz")
+CLOSED_SUFFIXES = (SUFFIX, PARQUET)
 _GZIP_WBITS = 31  # zlib with a gzip header and trailer
 _READ_CHUNK = 1 << 16
 
@@ -33,8 +40,17 @@ class SegmentName:
 
     @property
     def part(self) -> str:
-        """File name while the segment is being written."""
+        """File name while the segment is being written (the journal)."""
         return self.final + ".part"
+
+    @property
+    def parquet(self) -> str:
+        """File name of the closed segment in Parquet format."""
+        return self.final[: -len(SUFFIX)] + PARQUET
+
+    def closed(self, fmt: str) -> str:
+        """File name of the closed segment in format `fmt`."""
+        return self.parquet if fmt == "parquet" else self.final
 
 
 def safe_node(node: str) -> str:
@@ -48,6 +64,8 @@ def parse_name(file_name: str) -> SegmentName | None:
         stem = file_name[: -len(PART)]
     elif file_name.endswith(SUFFIX):
         stem = file_name[: -len(SUFFIX)]
+    elif file_name.endswith(PARQUET):
+        stem = file_name[: -len(PARQUET)]
     else:
         return None
     head, _, counter = stem.rpartition("_")
@@ -60,7 +78,7 @@ def parse_name(file_name: str) -> SegmentName | None:
 
 def closed_segments(directory: str) -> list[str]:
     """Closed segment file names in `directory`, oldest first (by segment sequence, then name)."""
-    names = [n for n in os.listdir(directory) if n.endswith(SUFFIX) and parse_name(n) is not None]
+    names = [n for n in os.listdir(directory) if n.endswith(CLOSED_SUFFIXES) and parse_name(n) is not None]
     return sorted(names, key=lambda n: (parse_name(n).seq, n))  # type: ignore[union-attr]
 
 
@@ -139,7 +157,11 @@ def _decompress_tolerant(path: str) -> tuple[bytes, bool]:
 
 
 def read_segment(path: str) -> SegmentContent:
-    """Read one segment or part file, keeping every complete JSON line before the first damage."""
+    """Read one segment or part file, keeping every complete JSON line before the first damage (Parquet: all rows)."""
+    if path.endswith(PARQUET):
+        from .columnar import read_parquet_records
+
+        return SegmentContent(read_parquet_records(path), True, 0)
     data, stream_ok = _decompress_tolerant(path)
     records: list[dict[str, Any]] = []
     good = 0
@@ -166,12 +188,17 @@ def read_segment(path: str) -> SegmentContent:
 def read_segments(directory: str, *, include_open: bool = True, fill_nulls: bool = True) -> list[dict[str, Any]]:
     """Every record in `directory`'s segments, segment by segment in age order, each in written order.
 
-    Open `.part` files are read tolerantly (their good records) unless include_open is False; absent nullable
-    fields are filled in as None unless fill_nulls is False.
+    Reads `.jsonl.gz` and `.parquet` segments alike. Open `.part` files are read tolerantly (their good records)
+    unless include_open is False; absent nullable fields are filled in as None unless fill_nulls is False.
     """
     names = [n for n in os.listdir(directory) if parse_name(n) is not None]
-    finals = {n for n in names if n.endswith(SUFFIX)}
-    chosen = [n for n in names if n in finals or (include_open and n[: -len(".part")] not in finals)]
+    finals = {n for n in names if n.endswith(CLOSED_SUFFIXES)}
+
+    def closed_already(part: str) -> bool:
+        final = part[: -len(".part")]
+        return final in finals or final[: -len(SUFFIX)] + PARQUET in finals
+
+    chosen = [n for n in names if n in finals or (include_open and not closed_already(n))]
     chosen.sort(key=lambda n: (parse_name(n).seq, n))  # type: ignore[union-attr]
     out: list[dict[str, Any]] = []
     for name in chosen:
@@ -196,15 +223,26 @@ def encode_lines(lines: list[bytes], level: int) -> bytes:
     return comp.compress(b"".join(lines)) + comp.flush(zlib.Z_FINISH)
 
 
-def recover_part(directory: str, part_name: str, level: int = 6) -> Recovery:
-    """Turn a `.part` left by a crash into a closed segment holding its good records (or delete it if none)."""
+def recover_part(directory: str, part_name: str, level: int = 6, fmt: str = "jsonl.gz") -> Recovery:
+    """Turn a `.part` left by a crash into a closed segment holding its good records (or delete it if none).
+
+    A closed segment of either format under the same name means the crash came after its rename: the journal goes.
+    A half-written Parquet `.tmp` is deleted and the segment rebuilt from the journal.
+    """
     part_path = os.path.join(directory, part_name)
-    final_name = part_name[: -len(".part")]
+    jsonl_name = part_name[: -len(".part")]
+    parquet_name = jsonl_name[: -len(SUFFIX)] + PARQUET
+    for done in (jsonl_name, parquet_name):  # crashed after the rename, before the unlink: the final file is durable
+        if os.path.exists(os.path.join(directory, done)):
+            os.unlink(part_path)
+            fsync_dir(directory)
+            return Recovery(part_name, done, segment_events(os.path.join(directory, done)), 0)
+    try:
+        os.unlink(os.path.join(directory, parquet_name + ".tmp"))
+    except FileNotFoundError:
+        pass
+    final_name = parquet_name if fmt == "parquet" else jsonl_name
     final_path = os.path.join(directory, final_name)
-    if os.path.exists(final_path):  # crashed after the rename, before the unlink: the final file is durable
-        os.unlink(part_path)
-        fsync_dir(directory)
-        return Recovery(part_name, final_name, len(read_segment(final_path).records), 0)
     data, _ = _decompress_tolerant(part_path)
     content = read_segment(part_path)
     dropped = len(data) - content.good_bytes
@@ -212,8 +250,13 @@ def recover_part(directory: str, part_name: str, level: int = 6) -> Recovery:
         os.unlink(part_path)
         fsync_dir(directory)
         return Recovery(part_name, None, 0, dropped)
-    lines = [json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in content.records]
-    atomic_write_as(final_path, encode_lines(lines, level))
+    if fmt == "parquet":
+        from .columnar import records_to_parquet
+
+        records_to_parquet(content.records, final_path)
+    else:
+        lines = [json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in content.records]
+        atomic_write_as(final_path, encode_lines(lines, level))
     os.unlink(part_path)
     fsync_dir(directory)
     return Recovery(part_name, final_name, len(content.records), dropped)
@@ -229,3 +272,22 @@ def atomic_write_as(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.rename(tmp, path)
+
+
+def segment_events(path: str) -> int:
+    """How many records a closed segment holds (Parquet: from its footer)."""
+    if path.endswith(PARQUET):
+        from .columnar import parquet_rows
+
+        return parquet_rows(path)
+    return len(read_segment(path).records)
+
+
+def eviction_reasons(path: str) -> list[str]:
+    """The reasons of the log_evicted records in a closed segment."""
+    if path.endswith(PARQUET):
+        from .columnar import parquet_eviction_reasons
+
+        return parquet_eviction_reasons(path)
+    records = read_segment(path).records
+    return [str(r.get("reason")) for r in records if r.get("kind") == "log_evicted" and r.get("reason")]

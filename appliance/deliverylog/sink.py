@@ -21,6 +21,8 @@ class DeliveryLog:
     events die young for the garbage collector) into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
+    Closed segments are Parquet (`format="parquet"`) or gzip JSON Lines (`format="jsonl.gz"`); the open one is always
+    a gzip JSON Lines journal, at `gzip_level` (default 1 when it is only a journal, 6 when it is the segment itself).
     """
 
     def __init__(
@@ -42,7 +44,8 @@ class DeliveryLog:
         sync_every_s: float = 0.5,
         flush_interval_s: float = 0.05,
         max_backlog: int = 100_000,
-        gzip_level: int = 6,
+        format: str = "parquet",
+        gzip_level: int | None = None,
         seq_property: str = "seq",
         strict: bool = False,
         process: bool = True,
@@ -53,7 +56,8 @@ class DeliveryLog:
         probe = clock_synced if callable(clock_synced) else clock_sync_probe(clock_synced)
         limits = Limits(
             segment_bytes=segment_bytes, segment_age_s=segment_age_s, budget_bytes=budget_bytes,
-            fsync_every_s=fsync_every_s, flush_every_s=sync_every_s, level=gzip_level, min_free_bytes=min_free_bytes,
+            fsync_every_s=fsync_every_s, flush_every_s=sync_every_s, min_free_bytes=min_free_bytes, format=format,
+            level=gzip_level if gzip_level is not None else (1 if format == "parquet" else 6),
         )
         self.identity = identity
         self._seq_property = seq_property

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from .segments import closed_segments, fsync_dir, write_all
+from .segments import PARQUET, closed_segments, fsync_dir, write_all
 
 _PERMANENT_S3 = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidBucketName"}
 
@@ -146,11 +146,16 @@ class S3Target:
         md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
         try:
             self.client.put_object(
-                Bucket=self.bucket, Key=key, Body=data, ContentMD5=md5, ContentType="application/gzip",
+                Bucket=self.bucket, Key=key, Body=data, ContentMD5=md5, ContentType=_content_type(key),
                 Metadata={"sha256": sha256},
             )
         except (ClientError, BotoCoreError) as exc:
             raise self._error("PUT", key, exc) from exc
+
+
+def _content_type(key: str) -> str:
+    """MIME type of a segment object."""
+    return "application/vnd.apache.parquet" if key.endswith(PARQUET) else "application/gzip"
 
 
 @dataclass(slots=True)
@@ -185,7 +190,11 @@ class Totals:
 
 
 def first_record(path: str) -> dict[str, Any]:
-    """The first JSON line of a gzip segment, decompressing only as much as needed."""
+    """The first record of a segment (gzip: its first JSON line, decompressing only as much as needed)."""
+    if path.endswith(PARQUET):
+        from .columnar import parquet_first_record
+
+        return parquet_first_record(path)
     decomp = zlib.decompressobj(31)
     buf = b""
     with open(path, "rb") as f:

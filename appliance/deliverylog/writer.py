@@ -1,4 +1,9 @@
-"""Turns batches of emitted events into rotated, crash-safe gzip JSON Lines segments under a disk budget."""
+"""Turns batches of emitted events into rotated, crash-safe segments (Parquet or gzip JSON Lines) under a disk budget.
+
+The open segment is a gzip JSON Lines journal, sync-flushed and fsynced; in Parquet format the same events are also
+buffered into row groups of a `.parquet.tmp`, which is fsynced and renamed when the segment closes, then the journal
+is deleted. A crash leaves the journal, from which the segment is rebuilt at the next start.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +19,21 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
 from .schema import EMIT_FIELDS, KINDS, SCHEMA_VERSION
 from .segments import (
+    FORMATS,
+    PARQUET,
     SegmentName,
     atomic_write,
     closed_segments,
+    eviction_reasons,
     fsync_dir,
     parse_name,
-    read_segment,
     recover_part,
     safe_node,
+    segment_events,
     write_all,
 )
 
@@ -33,6 +42,7 @@ Item = tuple[str, int, int, dict[str, Any]]  # kind, wall clock ns, CLOCK_MONOTO
 COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
 # Kinds whose records carry all of a message's fields when the broker passes message=; others carry only msg_id.
 FULL_MESSAGE_KINDS = frozenset({"received", "forwarded", "replicated", "migrated", "dropped", "expired"})
+CLOSE_ROUNDS = 32  # segments close() may add for eviction records (each may evict an older one, whose are carried)
 CHUNK_EVENTS = 1024  # events compressed per write call (bounds how far a segment overshoots its size limit)
 
 
@@ -50,7 +60,8 @@ class Limits:
     fsync_every_s: float | None = 10.0  # fsync the open segment this often (None: only at close)
     flush_every_s: float = 0.5  # sync-flush the compressor this often: what a SIGKILL can lose at most
     min_free_bytes: int = 32 << 20  # also evict when the filesystem has less free space than this
-    level: int = 6  # gzip level
+    level: int = 6  # gzip level of the journal (and of jsonl.gz segments)
+    format: str = "parquet"  # closed segments: "parquet" | "jsonl.gz"
 
     def check(self) -> None:
         """Raise DeliveryLogError for limits that cannot work."""
@@ -62,6 +73,13 @@ class Limits:
             raise DeliveryLogError(f"disk budget {self.budget_bytes} B must be at least twice the segment size")
         if not 1 <= self.level <= 9:
             raise DeliveryLogError(f"gzip level {self.level} not in 1..9")
+        if self.format not in FORMATS:
+            raise DeliveryLogError(f"segment format {self.format!r} is not one of {', '.join(FORMATS)}")
+        if self.format == "parquet":
+            try:
+                import pyarrow.parquet  # noqa: F401
+            except ImportError as exc:
+                raise DeliveryLogError(f"segment format parquet needs pyarrow: {exc}") from None
 
 
 @dataclass(slots=True)
@@ -79,6 +97,8 @@ class _Open:
     last_fsync: float = 0.0
     unflushed: bool = False  # data in the compressor since the last sync flush
     last_flush: float = 0.0
+    columns: ParquetSegment | None = None  # Parquet format: the closed file being built
+    columns_size: int = 0  # bytes of its temporary file
 
 
 @dataclass(slots=True)
@@ -92,7 +112,8 @@ class WriterStats:
     evicted_events: int = 0
     evicted_bytes: int = 0
     lost_events: int = 0  # dropped on write errors or backlog overflow (each recorded as log_evicted)
-    bad_fields: int = 0  # fields outside the schema, dropped
+    bad_fields: int = 0  # fields outside the schema (or, in Parquet, values its type cannot hold), dropped
+    parquet_failures: int = 0  # segments closed as jsonl.gz because their Parquet file could not be written
     recovered: list[str] = field(default_factory=list)
 
 
@@ -157,8 +178,12 @@ class SegmentWriter:
         for name in sorted(os.listdir(directory)):
             parsed = parse_name(name)
             if parsed and parsed.node == self._node and name.endswith(".part"):
-                rec = recover_part(directory, name, limits.level)
+                rec = recover_part(directory, name, limits.level, limits.format)
                 self.stats.recovered.append(f"{name}: {rec.records} records kept, {rec.dropped_bytes} B dropped")
+        for name in os.listdir(directory):  # a temporary Parquet file whose journal is gone has nothing to finish
+            parsed = parse_name(name[: -len(".tmp")]) if name.endswith(PARQUET + ".tmp") else None
+            if parsed and parsed.node == self._node:
+                os.unlink(os.path.join(directory, name))
         self._counter, self._seq = self._load_state()
         self._reserved = self._counter
         self._synced_before = clock_synced()
@@ -194,8 +219,8 @@ class SegmentWriter:
                 continue
             seq = max(seq, parsed.seq + 1)
             if parsed.boot_id == self.identity.boot_id and parsed.first_counter >= counter:
-                records = read_segment(os.path.join(self.directory, name)).records
-                counter = max(counter, parsed.first_counter + len(records))
+                events = segment_events(os.path.join(self.directory, name))
+                counter = max(counter, parsed.first_counter + events)
         return counter, seq
 
     def _save_state(self, next_counter: int, next_segment: int) -> None:
@@ -229,12 +254,15 @@ class SegmentWriter:
         fields = {"reason": f"{reason} events={events}"}
         self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), fields))
 
-    def _encode(self, items: list[Item], synced: bool) -> bytes:
-        """JSON Lines for `items`, numbered from the current counter."""
+    def _encode(self, items: list[Item], synced: bool, columns: ParquetSegment | None) -> bytes:
+        """JSON Lines for `items`, numbered from the current counter; also buffered into `columns` when given."""
         prefix, kinds, dumps, allowed = self._prefix, self._kinds, self._dumps, EMIT_FIELDS
         flag = "true" if synced else "false"
         n = self._counter
         lines = []
+        if columns is not None:
+            col_kinds, col_walls, col_monos, col_fields = columns.kinds, columns.walls, columns.monos, columns.fields
+            columns.synced.extend([synced] * len(items))
         for kind, wall, mono, fields in items:
             k = kinds.get(kind) or dumps(str(kind))
             tail = "}"
@@ -253,10 +281,15 @@ class SegmentWriter:
                         tail = "," + dumps(fields)[1:]
                     except (TypeError, ValueError):  # a value JSON cannot hold: keep its text
                         tail = "," + dumps({key: _plain(v) for key, v in fields.items()})[1:]
+            wall_us, mono_us = wall // 1000, mono // 1000
             lines.append(
-                f'{prefix}{n}","kind":{k},"ts_wall_us":{wall // 1000},"ts_mono_us":{mono // 1000},'
-                f'"clock_synced":{flag}{tail}\n'
+                f'{prefix}{n}","kind":{k},"ts_wall_us":{wall_us},"ts_mono_us":{mono_us},"clock_synced":{flag}{tail}\n'
             )
+            if columns is not None:
+                col_kinds.append(kind if type(kind) is str else str(kind))
+                col_walls.append(wall_us)
+                col_monos.append(mono_us)
+                col_fields.append(fields)
             n += 1
         return "".join(lines).encode()
 
@@ -295,7 +328,10 @@ class SegmentWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         comp = zlib.compressobj(self.limits.level, zlib.DEFLATED, 31)
         now = time.monotonic()
-        return _Open(name, fd, comp, now, last_fsync=now, last_flush=now)
+        seg = _Open(name, fd, comp, now, last_fsync=now, last_flush=now)
+        if self.limits.format == "parquet":
+            seg.columns = ParquetSegment(os.path.join(self.directory, name.parquet), self.identity, self._counter)
+        return seg
 
     def _write_chunk(self, items: list[Item], synced: bool) -> None:
         """Compress and append one chunk (whole deflate blocks reach the file as they fill; sync() forces the rest)."""
@@ -306,12 +342,21 @@ class SegmentWriter:
             if seg is None:
                 seg = self._segment = self._open()
             self._reserve(self._counter + len(items), self._seq)
-            data = seg.comp.compress(self._encode(items, synced))
+            data = seg.comp.compress(self._encode(items, synced, seg.columns))
             if data:
                 write_all(seg.fd, data)
         except OSError as exc:
             self._fail(seg, exc, len(items))
             return
+        if seg.columns is not None:
+            self.stats.bad_fields += seg.columns.bad_values
+            seg.columns.bad_values = 0
+            if seg.columns.buffered >= ROW_GROUP_EVENTS:
+                try:
+                    seg.columns.flush_row_group()
+                    seg.columns_size = seg.columns.tmp_size()
+                except Exception:  # disk full, or pyarrow failed: this segment closes as jsonl.gz
+                    self._drop_columns(seg)
         self._counter += len(items)
         seg.size += len(data)
         seg.events += len(items)
@@ -333,8 +378,10 @@ class SegmentWriter:
                 pass
             os.close(seg.fd)
             self._segment = None
+            if seg.columns is not None:
+                self._drop_columns(seg)
             try:
-                rec = recover_part(self.directory, seg.name.part, self.limits.level)
+                rec = recover_part(self.directory, seg.name.part, self.limits.level, self.limits.format)
                 events += seg.events - rec.records  # records compressed but never written
             except OSError:
                 pass  # left as .part: its good records are recovered at the next start
@@ -391,11 +438,30 @@ class SegmentWriter:
         os.close(seg.fd)
         seg.size += len(tail)
         self.stats.bytes += len(tail)
-        os.rename(os.path.join(self.directory, seg.name.part), os.path.join(self.directory, seg.name.final))
-        fsync_dir(self.directory)
+        part = os.path.join(self.directory, seg.name.part)
+        size = seg.size
+        if seg.columns is not None:
+            try:
+                size = seg.columns.finish()  # fsynced and renamed: the journal is no longer needed
+            except Exception:  # disk full, or pyarrow failed: the journal becomes the segment
+                self._drop_columns(seg)
+            else:
+                os.unlink(part)
+                fsync_dir(self.directory)
+        if seg.columns is None:
+            os.rename(part, os.path.join(self.directory, seg.name.final))
+            fsync_dir(self.directory)
         self.stats.segments += 1
-        self._closed_bytes += seg.size
+        self._closed_bytes += size
         self._enforce_budget()
+
+    def _drop_columns(self, seg: _Open) -> None:
+        """Give up the segment's Parquet file (its journal still holds every record); counted in the stats."""
+        if seg.columns is not None:
+            seg.columns.abort()
+            seg.columns = None
+            seg.columns_size = 0
+            self.stats.parquet_failures += 1
 
     # -- disk budget -------------------------------------------------------------------------------------------
 
@@ -418,7 +484,7 @@ class SegmentWriter:
 
     def _enforce_budget(self) -> None:
         """Evict the oldest closed segments while over the budget or short of free disk; record each eviction."""
-        open_size = self._segment.size if self._segment else 0
+        open_size = self._segment.size + self._segment.columns_size if self._segment else 0  # journal + Parquet tmp
         over_budget = self._closed_bytes + open_size > self.limits.budget_bytes
         if not over_budget and self._free_bytes() >= self.limits.min_free_bytes:
             return
@@ -460,19 +526,21 @@ class SegmentWriter:
         """Events, first and last counter of a closed segment, and the reasons of the eviction records it holds."""
         parsed = parse_name(name)
         first = parsed.first_counter if parsed else 0
+        path = os.path.join(self.directory, name)
         try:
-            records = read_segment(os.path.join(self.directory, name)).records
-        except OSError:
-            records = []
-        carried = [str(r.get("reason")) for r in records if r.get("kind") == "log_evicted" and r.get("reason")]
-        return len(records), first, first + len(records) - 1, carried
+            events, carried = segment_events(path), eviction_reasons(path)
+        except (OSError, ValueError):  # unreadable (pyarrow's errors are OSError or ValueError)
+            events, carried = 0, []
+        return events, first, first + events - 1, carried
 
     def close(self) -> None:
         """Write pending loss records, close the open segment and release the directory lock."""
         if self._pending:
             self.write([])
         self.rotate()
-        if self._pending:  # the final rotation itself evicted something: record it in one more segment
+        for _ in range(CLOSE_ROUNDS):  # a closing rotation evicted something: record it in one more segment
+            if not self._pending:
+                break
             self.write([])
             self.rotate()
         os.close(self._lock_fd)

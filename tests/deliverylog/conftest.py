@@ -36,19 +36,29 @@ SAMPLES = {
 }
 
 
-@pytest.fixture(params=[True, False], ids=["process", "thread"])
+SUFFIXES = {"parquet": ".parquet", "jsonl.gz": ".jsonl.gz"}
+
+
+@pytest.fixture(params=[(True, "parquet"), (False, "parquet"), (True, "jsonl.gz")],
+                ids=["process", "thread", "process-jsonl"])
 def make_log(tmp_path, request):
-    """Open DeliveryLogs in tmp_path/log with a fixed identity, writer in a child process or a thread."""
+    """Open DeliveryLogs in tmp_path/log with a fixed identity, writer in a child process or a thread, and a format.
+
+    `make.suffix` is the closed segments' file suffix for the format under test.
+    """
     opened = []
+    process, fmt = request.param
 
     def make(directory=None, **kw):
         opts = dict(fleet="fleet-1", device="dev-1", node="n1", firmware="1.2.3", boot_id=BOOT, clock_synced=True,
-                    flush_interval_s=0.05, process=request.param)
+                    flush_interval_s=0.05, process=process, format=fmt)
         opts.update(kw)
         log = DeliveryLog(str(directory or tmp_path / "log"), **opts)
         opened.append(log)
         return log
 
+    make.format = fmt
+    make.suffix = SUFFIXES[fmt]
     yield make
     for log in opened:
         try:
