@@ -86,6 +86,8 @@ SPEC: dict[str, dict[str, Key]] = {
         "segment_seconds": Key(int, 300, "rotate a segment at this age", 1, 86400),
         "budget_bytes": Key(int, 268_435_456, "disk budget for closed segments", 65536, 1 << 40),
         "seq_property": Key(str, "seq", "MQTT 5 user property carrying the publisher sequence number"),
+        "format": Key(str, "parquet", "closed segment format (the open one is a gzip JSON Lines journal)",
+                      choices=("parquet", "jsonl.gz")),
     },
     # Documented with what each policy trades in appliance/cluster/README.md; keep these names stable.
     "cluster": {

@@ -124,6 +124,7 @@ class Node:
                 segment_age_s=float(section["segment_seconds"]),
                 budget_bytes=section["budget_bytes"],
                 seq_property=section["seq_property"],
+                format=section["format"],
             )
         except (DeliveryLogError, OSError) as exc:
             raise NodeError(f"deliverylog: {exc}", EXIT_CONFIG) from None
