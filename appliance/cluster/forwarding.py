@@ -13,7 +13,7 @@ per the netsplit policy, the knowledge that a target is down.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -127,7 +127,8 @@ class StreamReceiver:
         self.peer = peer
         self.committed_upto = committed_upto  # every seq <= this is durably processed here
         self.accepted_upto = committed_upto  # every seq <= this is processed or being processed
-        self._uncommitted: list[int] = []  # accepted, commit pending, ascending
+        self._uncommitted: deque[int] = deque()  # accepted, commit pending, ascending
+        self._pending: set[int] = set()  # the same seqs, for O(1) membership
         self._done: dict[int, int] = {}  # committed seq -> status, waiting for the prefix
 
     def accept(self, msg: Forward | Replicate) -> bool:
@@ -137,17 +138,19 @@ class StreamReceiver:
         # A gap means the sender released those (acked by a previous incarnation of ours, or retargeted).
         self.accepted_upto = msg.seq
         self._uncommitted.append(msg.seq)
+        self._pending.add(msg.seq)
         return True
 
     def _advance(self, seq: int, status: int) -> list[tuple[int, int]]:
         """Mark seq committed; return the (seq, status) acks now due: each refusal in the grown prefix, then its end."""
-        if seq not in self._uncommitted:
+        if seq not in self._pending:
             return []  # unknown or already committed
+        self._pending.discard(seq)
         self._done[seq] = status
         before = self.committed_upto
         due: list[tuple[int, int]] = []
         while self._uncommitted and self._uncommitted[0] in self._done:
-            head = self._uncommitted.pop(0)
+            head = self._uncommitted.popleft()
             head_status = self._done.pop(head)
             self.committed_upto = head
             if head_status:

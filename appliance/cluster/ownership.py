@@ -80,6 +80,7 @@ class ReplicaCopy:
     queue: dict[int, Delivery] = field(default_factory=dict)  # seq -> delivery
     qos2: set[int] = field(default_factory=set)
     version: int = 0  # operations applied, to pick the freshest copy
+    last: Delivery | None = field(default=None, compare=False)  # the delivery the last OP_ENQUEUE added
 
 
 def encode_snapshot(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int]) -> bytes:
@@ -154,6 +155,7 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
     if op == OP_ENQUEUE:
         d = decode_delivery(data)
         copy.queue[d.seq] = d
+        copy.last = d
     elif op == OP_UPDATE:
         seq, state, pid = decode_update(data)
         found = copy.queue.get(seq)

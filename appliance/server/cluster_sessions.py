@@ -31,7 +31,6 @@ from appliance.cluster.ownership import (
     encode_delivery,
     encode_snapshot,
 )
-from appliance.cluster.records import decode_delivery
 from appliance.cluster.wire import Replicate, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 
@@ -76,6 +75,10 @@ class SessionMigration:
         """Delivery-log event (ClusterWiring)."""
         raise NotImplementedError
 
+    def _replica_committed(self, peer: str, seq: int) -> None:
+        """Ack a committed replica write (ClusterWiring)."""
+        raise NotImplementedError
+
 
     # -- queue replication (replica side) ------------------------------------------------------------------------
     def _on_replicate(self, peer: str, rep: Replicate) -> None:
@@ -88,9 +91,9 @@ class SessionMigration:
         if changed:
             self._persist_copy(cid, new, rep, whole=new is not old or old_owner != peer)
         self.inner.set_meta(f"cluster.rep.{peer}", str(rep.seq))
-        self.inner.after_commit(self.svc.replicate_committed, peer, rep.seq, 0)
-        if rep.op == OP_ENQUEUE and changed and new is not None:
-            self._emit("replicated", message=decode_delivery(rep.data).message, subscriber=cid, peer_node=peer)
+        self.inner.after_commit(self._replica_committed, peer, rep.seq)
+        if rep.op == OP_ENQUEUE and changed and new is not None and new.last is not None:
+            self._emit("replicated", message=new.last.message, subscriber=cid, peer_node=peer)
         if rep.op == OP_SNAPSHOT and new is not None:
             self._emit("replicated", subscriber=cid, peer_node=peer, reason="snapshot")
 
@@ -112,7 +115,8 @@ class SessionMigration:
             for seq, d in copy.queue.items():
                 inner.kv_put(ns, _key(seq), encode_delivery(d))
         elif rep.op == OP_ENQUEUE:
-            inner.kv_put(ns, _key(decode_delivery(rep.data).seq), rep.data)
+            if copy.last is not None:
+                inner.kv_put(ns, _key(copy.last.seq), rep.data)
         elif rep.op == OP_UPDATE:
             seq = decode_update(rep.data)[0]
             if seq in copy.queue:

@@ -187,9 +187,10 @@ class ClusterStore:
         self._op(client_id, OP_ENQUEUE, encode_delivery(delivery), True)
 
     def update_delivery(self, client_id: str, seq: int, state: DeliveryState, packet_id: int | None) -> None:
-        """Record a delivery's state; replicate it."""
+        """Record a delivery's state; replicate QoS2 releases (a SENT delivery resends as queued after failover)."""
         self.inner.update_delivery(client_id, seq, state, packet_id)
-        self._op(client_id, OP_UPDATE, encode_update(seq, state, packet_id))
+        if state == DeliveryState.RELEASED:  # QoS2 past PUBREC: a replica must not send the PUBLISH again
+            self._op(client_id, OP_UPDATE, encode_update(seq, state, packet_id))
 
     def remove_delivery(self, client_id: str, seq: int) -> None:
         """Delete a queue row; the replicas release it too."""

@@ -17,7 +17,7 @@ from appliance.broker.handover import deliver_forwarded, release_session, sessio
 from appliance.broker.model import Message, SessionRecord
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
-from appliance.cluster.forwarding import ForwardSender, ReplicaSender
+from appliance.cluster.forwarding import ForwardReceiver, ForwardSender, ReplicaReceiver, ReplicaSender
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import (
     FRESH,
@@ -46,6 +46,7 @@ from .config import Config, parse_hostport
 if TYPE_CHECKING:
     from appliance.broker.broker import Broker
     from appliance.broker.ports import EventSink, Snapshot
+    from appliance.cluster.wire import ClusterMessage
 
 log = logging.getLogger("appliance.cluster")
 SESSIONS, RETAINED = "sessions", "retained"
@@ -79,6 +80,7 @@ class ClusterWiring(SessionMigration):
         self._request_id = 0
         self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
         self._rebalance_pending = False
+        self._acks_due: dict[tuple[str, bool], ClusterMessage] = {}  # (peer, replica stream) -> latest cumulative ack
         host, port = parse_hostport(c["bind"], "cluster.bind")
         tcp = config.get("listener", "tcp")
         self.config = ClusterConfig(
@@ -339,7 +341,31 @@ class ClusterWiring(SessionMigration):
         for node, clients in onward.items():
             self._forward(node, fwd.message, tuple(clients))
         self.inner.set_meta(f"cluster.fwd.{peer}", str(fwd.seq))
-        self.store.after_own_acks(self.svc.forward_committed, peer, fwd.seq)
+        self.store.after_own_acks(self._forward_committed, peer, fwd.seq)
+
+    def _forward_committed(self, peer: str, seq: int) -> None:
+        """A received forward is durable here (and on the replicas): its cumulative ack goes out with the batch."""
+        receiver = self.svc.receivers.setdefault(peer, ForwardReceiver(peer))
+        ack = receiver.committed(seq)
+        if ack is not None:
+            self._ack_later(peer, False, ack)
+
+    def _replica_committed(self, peer: str, seq: int) -> None:
+        """A replica write is durable here: ack it with the batch (refusals are never produced here)."""
+        receiver = self.svc.replica_receivers.setdefault(peer, ReplicaReceiver(peer))
+        for ack in receiver.committed(seq, 0):
+            self._ack_later(peer, True, ack)
+
+    def _ack_later(self, peer: str, replica: bool, ack: ClusterMessage) -> None:
+        """Acks are cumulative: one per peer and stream per loop iteration is enough."""
+        if not self._acks_due:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._acks_due[(peer, replica)] = ack
+
+    def _flush_acks(self) -> None:
+        due, self._acks_due = self._acks_due, {}
+        for (peer, _replica), ack in due.items():
+            self.svc.send(peer, ack)
 
     def _on_forward_released(self, peer: str, released: list[Forward]) -> None:
         """The peer acked: drop the forwards from the durable in-transit buffer."""

@@ -138,3 +138,24 @@ def test_owner_of_a_10000_message_queue_killed_client_resumes_elsewhere_with_all
     got = cluster.sub(1, "q", "big", 10_000, timeout=30)
     assert len(got) == 10_000 and got == sent
     assert cluster.crashes() == []
+
+
+def test_replicas_are_rebuilt_after_a_node_dies_so_a_second_failure_loses_nothing(netns_lab) -> None:
+    cluster = Cluster(netns_lab(3), 3)
+    cluster.start()
+    cluster.wait_formed()
+    cluster.sub(0, "rr", "moved", 1, timeout=1)  # owned by A, replica on B or C
+    wait_until(lambda: cluster.owner(1, "moved") == "na" and cluster.owner(2, "moved") == "na", WAIT, "claimed")
+    holders = [i for i in (1, 2) if cluster.status(i).get("replica_copies") == 1]
+    assert len(holders) == 1  # R = 2: exactly one replica
+    replica = holders[0]
+    other = 3 - replica
+    cluster.pub(other, "rr", [f"r{n}" for n in range(20)], client_id="p1")
+    cluster.kill(replica)
+    wait_until(lambda: cluster.status(other).get("replica_copies") == 1, WAIT, "re-replicated to the survivor")
+    assert cluster.status(0)["under_replicated"] == 0
+    cluster.pub(other, "rr", [f"s{n}" for n in range(20)], client_id="p1")
+    cluster.kill(0)  # the owner dies too: the rebuilt replica has everything
+    got = cluster.sub(other, "rr", "moved", 40)
+    assert got == [f"r{n}" for n in range(20)] + [f"s{n}" for n in range(20)]
+    assert cluster.crashes() == []
