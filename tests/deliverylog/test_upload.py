@@ -1,7 +1,5 @@
 """`appliance upload` against a real S3-compatible server (moto's standalone server) on loopback, and a directory."""
 
-import gzip
-import json
 import os
 import random
 import shutil
@@ -17,7 +15,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from appliance.deliverylog import DeliveryLog, read_segments
+from appliance.deliverylog import DeliveryLog, read_segment, read_segments
 from appliance.deliverylog.segments import closed_segments
 from appliance.deliverylog.upload import main
 
@@ -77,10 +75,10 @@ def _objects(port, bucket):
     return {k: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
 
 
-def _write_segments(directory, events=3000, device="dev-1"):
+def _write_segments(directory, events=3000, device="dev-1", fmt="parquet"):
     """Closed segments from a real DeliveryLog; returns {segment name: bytes}."""
     log = DeliveryLog(str(directory), fleet="fleet-1", device=device, node="n1", firmware="1", boot_id=BOOT,
-                      clock_synced=True, segment_bytes=2048, budget_bytes=1 << 30, flush_interval_s=0.05)
+                      clock_synced=True, segment_bytes=2048, budget_bytes=1 << 30, flush_interval_s=0.05, format=fmt)
     for i in range(events):
         log.emit("acked", msg_id=f"n1:{i}", subscriber=f"s{i % 9}", topic=f"t/{i % 13}")
         if i % 200 == 199:
@@ -94,10 +92,12 @@ def _expected_key(prefix, name, device="dev-1"):
     return f"{prefix}/fleet=fleet-1/date={day}/device={device}/{name}"
 
 
-def test_one_shot_upload_ships_every_segment_under_its_hive_key_then_deletes_it(s3_server, bucket, tmp_path, capsys):
-    segments = _write_segments(tmp_path / "log")
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl.gz"])
+def test_one_shot_upload_ships_every_segment_under_its_hive_key_then_deletes_it(s3_server, bucket, tmp_path, capsys,
+                                                                                fmt):
+    segments = _write_segments(tmp_path / "log", fmt=fmt)
     before = read_segments(str(tmp_path / "log"))
-    assert len(segments) > 3
+    assert len(segments) > 3 and all(n.endswith("." + fmt) for n in segments)
     config = tmp_path / "appliance.toml"
     config.write_text(
         f'[upload]\nlog_dir = "{tmp_path / "log"}"\nendpoint = "http://127.0.0.1:{s3_server}"\n'
@@ -109,8 +109,15 @@ def test_one_shot_upload_ships_every_segment_under_its_hive_key_then_deletes_it(
     objects = _objects(s3_server, bucket)
     assert objects == {_expected_key("deliverylog", n): data for n, data in segments.items()}
     assert closed_segments(str(tmp_path / "log")) == []
-    shipped = [json.loads(line) for key in sorted(objects) for line in gzip.decompress(objects[key]).splitlines()]
+    (tmp_path / "shipped").mkdir()
+    shipped = []
+    for key in sorted(objects):  # read back what the bucket holds, with the same reader
+        local = tmp_path / "shipped" / key.rsplit("/", 1)[1]
+        local.write_bytes(objects[key])
+        shipped += read_segment(str(local)).records
     assert [r["event_id"] for r in shipped] == [r["event_id"] for r in before]
+    assert _s3(s3_server).head_object(Bucket=bucket, Key=sorted(objects)[0])["ContentType"] == (
+        "application/vnd.apache.parquet" if fmt == "parquet" else "application/gzip")
     assert main(["--config", str(config)]) == 0  # nothing left: a no-op
     assert "upload: 0 uploaded" in capsys.readouterr().out
 
@@ -228,7 +235,7 @@ def test_loop_mode_uploads_new_segments_and_stops_on_sigterm(tmp_path):
     finally:
         child.send_signal(signal.SIGTERM)
         assert child.wait(30) == 0
-    assert len([p for p in dest.rglob("*.jsonl.gz")]) == len(segments)
+    assert len([p for p in dest.rglob("*.parquet")]) == len(segments)
 
 
 @pytest.mark.parametrize(
@@ -283,13 +290,14 @@ def test_log_dir_defaults_to_where_the_broker_writes(tmp_path, sections, expecte
     assert load_config(_parser().parse_args(["--config", str(config)])).log_dir == str(tmp_path / expected)
 
 
-def test_an_unreadable_segment_is_set_aside_and_the_others_still_ship(tmp_path, capsys):
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".parquet"])
+def test_an_unreadable_segment_is_set_aside_and_the_others_still_ship(tmp_path, capsys, suffix):
     segments = _write_segments(tmp_path / "log", events=600)
-    bad = "0000000000_n1_" + BOOT + "_999999999999.jsonl.gz"
-    (tmp_path / "log" / bad).write_bytes(b"not gzip at all")
+    bad = "0000000000_n1_" + BOOT + "_999999999999" + suffix
+    (tmp_path / "log" / bad).write_bytes(b"PAR1 neither gzip nor a Parquet footer")
     args = ["--log-dir", str(tmp_path / "log"), "--dest-dir", str(tmp_path / "dest")]
     assert main(args) == 1
     assert f"unreadable segment {bad}" in capsys.readouterr().err
-    assert len([p for p in (tmp_path / "dest").rglob("*.jsonl.gz")]) == len(segments)
+    assert len([p for p in (tmp_path / "dest").rglob("*.parquet")]) == len(segments)
     assert os.path.exists(tmp_path / "log" / (bad + ".bad"))
     assert main(args) == 0  # the next run is clean
