@@ -57,7 +57,8 @@ class Spec:
     window: int = 8  # in-flight QoS>0 messages per publisher
     traffic_s: float = 20.0
     drain_s: float = 30.0
-    quiet_s: float = 2.0  # drain ends once every subscriber heard nothing for this long after publishers finished
+    quiet_s: float = 3.0  # after the publishers finished, a subscriber stops once it has every acknowledged message,
+    # or once it was connected and heard nothing for this long (what it still misses the checker calls lost)
     churn_s: tuple[float, float] = (1.5, 5.0)  # subscribers disconnect after a random time in this range
     max_messages: int = 100_000  # per publisher, a hard bound
     fleet: str = "chaos"
@@ -85,6 +86,7 @@ class Clients:
         self.traffic_end = self.t0 + spec.traffic_s
         self.deadline = self.traffic_end + spec.drain_s
         self.publishers_done = asyncio.Event()
+        self.acked: set[tuple[str, int]] = set()  # (publisher, seq) acknowledged with a success code
         self.loggers: list[ReceiptLogger] = []
         self.stats: dict[str, int] = {"reconnects": 0, "connect_failures": 0}
 
@@ -160,6 +162,8 @@ class Publisher:
         stage = {Puback: "puback", Pubrec: "pubrec", Pubcomp: "pubcomp"}[type(packet)]
         self.c.history.write("ack", c=self.id, seq=m.seq, qos=m.qos, rc=packet.reason_code, stage=stage,
                              t=self.c.now())
+        if packet.reason_code < 0x80 and not isinstance(packet, Pubcomp):
+            self.c.acked.add((self.id, m.seq))
         if isinstance(packet, Pubrec) and packet.reason_code < 0x80:
             m.released = True
             return
@@ -250,14 +254,21 @@ class Subscriber:
         self.awaiting_rel: dict[int, tuple[str, int]] = {}  # QoS2 packet id -> (publisher, seq) [MQTT-4.3.3-9]
         self.subscribed = asyncio.Event()
         self.last_delivery = clients.loop.time()
+        self.got: set[tuple[str, int]] = set()
+
+    def drained(self) -> bool:
+        """Publishers are done and this subscriber has every acknowledged message, or has been quiet long enough."""
+        c = self.c
+        if not c.publishers_done.is_set():
+            return False
+        quiet = c.loop.time() - self.last_delivery
+        return (c.acked <= self.got and quiet > 0.5) or quiet > c.spec.quiet_s
 
     async def async_run(self) -> None:
         """Connect, subscribe once, then receive with churn until the drain is over."""
         c = self.c
         first = True
         while c.loop.time() < c.deadline:
-            if c.publishers_done.is_set() and c.loop.time() - self.last_delivery > c.spec.quiet_s:
-                break
             try:
                 conn, present = await c.async_connect(self.id, first)
             except Gone:
@@ -268,7 +279,8 @@ class Subscriber:
                 if first or not present:
                     await self._async_subscribe(conn)
                 first = False
-                await self._async_receive(conn)
+                if await self._async_receive(conn):
+                    break
             except Gone:
                 c.stats["reconnects"] += 1
             finally:
@@ -309,13 +321,14 @@ class Subscriber:
         if app:
             self.receipts.received(p.topic, p.payload, p.qos, p.retain, props, dup=p.dup)
             self.last_delivery = self.c.loop.time()
+            self.got.add((pub, seq))
         if p.qos == 1:
             conn.send(Puback(p.packet_id))  # type: ignore[arg-type]
         elif p.qos == 2:
             self.awaiting_rel[p.packet_id] = (pub, seq)  # type: ignore[index]
             conn.send(Pubrec(p.packet_id))  # type: ignore[arg-type]
 
-    async def _async_receive(self, conn: Conn) -> None:
+    async def _async_receive(self, conn: Conn) -> bool:
         """Receive until churn time (traffic phase) or until quiet after the publishers finished."""
         c = self.c
         churn_at = c.loop.time() + c.rng.uniform(*c.spec.churn_s)
@@ -328,9 +341,9 @@ class Subscriber:
                 else:
                     conn.abort()
                 raise Gone("churn")
-            if c.publishers_done.is_set() and now - self.last_delivery > c.spec.quiet_s:
+            if self.drained():
                 conn.disconnect()
-                return
+                return True
             if now - conn.last_rx > SILENCE_LIMIT:
                 raise Gone("broker silent")
             if now - last_ping > PING_EVERY:
@@ -348,6 +361,7 @@ class Subscriber:
                 known = self.awaiting_rel.pop(packet.packet_id, None)
                 self.c.history.write("rel", c=self.id, pid=packet.packet_id, known=known is not None, t=c.now())
                 conn.send(Pubcomp(packet.packet_id))
+        return False
 
 
 async def async_main(spec: Spec) -> dict[str, Any]:
