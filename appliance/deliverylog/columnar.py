@@ -83,15 +83,18 @@ class ParquetSegment:
         except FileNotFoundError:
             return 0
 
-    def flush_row_group(self) -> None:
-        """Write the buffered rows as one row group (the file is created on the first one)."""
-        n = self.buffered
+    def flush_row_group(self, limit: int = ROW_GROUP_EVENTS) -> None:
+        """Write up to `limit` buffered rows as one row group (the file is created on the first one)."""
+        n = min(self.buffered, limit)
         if not n:
             return
         pa = self._pa
+        walls, monos, synced, kinds, records = self.walls[:n], self.monos[:n], self.synced[:n], self.kinds[:n], \
+            self.fields[:n]
+        ids = self.event_ids[:n]
         ident = self.identity
-        if self.event_ids:
-            event_ids = pa.array(self.event_ids, pa.string())
+        if ids:
+            event_ids = pa.array(ids, pa.string())
         else:
             counters = pa.array(range(self.next_counter, self.next_counter + n), pa.int64())
             event_ids = pa.compute.binary_join_element_wise(self.event_prefix, counters.cast(pa.string()), "")
@@ -101,14 +104,13 @@ class ParquetSegment:
         }
         columns: dict[str, Any] = {
             "event_id": event_ids,
-            "ts_wall_us": pa.array(self.walls, pa.int64()),
-            "ts_mono_us": pa.array(self.monos, pa.int64()),
-            "clock_synced": pa.array(self.synced, pa.bool_()),
-            "kind": pa.array(self.kinds, pa.string()),
+            "ts_wall_us": pa.array(walls, pa.int64()),
+            "ts_mono_us": pa.array(monos, pa.int64()),
+            "clock_synced": pa.array(synced, pa.bool_()),
+            "kind": pa.array(kinds, pa.string()),
         }
         for name, value in constant.items():
             columns[name] = pa.repeat(pa.scalar(value, self.schema.field(name).type), n)
-        records = self.fields
         for name in NULLABLE:
             array, bad = _column(pa, name, [r.get(name) for r in records], self.schema.field(name).type)
             columns[name] = array
@@ -121,13 +123,15 @@ class ParquetSegment:
         self._writer.write_table(table, row_group_size=n)
         self.next_counter += n
         self.rows += n
-        self.kinds, self.walls, self.monos, self.synced, self.fields, self.event_ids = [], [], [], [], [], []
+        for buffer in (self.kinds, self.walls, self.monos, self.synced, self.fields, self.event_ids):
+            del buffer[:n]
 
     def finish(self) -> int:
         """Write the rest, close the file, fsync it and rename it to its final name; returns its size (0: no rows)."""
         from .segments import fsync_dir
 
-        self.flush_row_group()
+        while self.buffered:
+            self.flush_row_group()
         if self._writer is None:
             return 0
         self._writer.close()

@@ -353,7 +353,8 @@ class SegmentWriter:
             seg.columns.bad_values = 0
             if seg.columns.buffered >= ROW_GROUP_EVENTS:
                 try:
-                    seg.columns.flush_row_group()
+                    while seg.columns.buffered >= ROW_GROUP_EVENTS:
+                        seg.columns.flush_row_group()
                     seg.columns_size = seg.columns.tmp_size()
                 except Exception:  # disk full, or pyarrow failed: this segment closes as jsonl.gz
                     self._drop_columns(seg)
@@ -446,6 +447,7 @@ class SegmentWriter:
             except Exception:  # disk full, or pyarrow failed: the journal becomes the segment
                 self._drop_columns(seg)
             else:
+                self.stats.bad_fields += seg.columns.bad_values
                 os.unlink(part)
                 fsync_dir(self.directory)
         if seg.columns is None:

@@ -48,3 +48,11 @@ def test_record_problems_catches_type_and_kind_errors():
     missing = dict(good)
     del missing["boot_id"]
     assert schema.record_problems(missing) == ["missing field 'boot_id'"]
+
+
+def test_parquet_schema_matches_the_committed_types_and_nullability():
+    from appliance.deliverylog.columnar import arrow_schema
+
+    arrow_names = {"string": "string", "int": "int32", "long": "int64", "boolean": "bool"}
+    committed = [(f["name"], arrow_names[f["type"]], f["nullable"]) for f in _doc()["fields"]]
+    assert [(f.name, str(f.type), f.nullable) for f in arrow_schema()] == committed
