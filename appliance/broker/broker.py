@@ -456,7 +456,10 @@ class Broker:
             return
         if self.events is not None:
             self.events.emit("released", message=delivery.message, subscriber=session.client_id, qos=2)
-        link.send(Pubrel(packet.packet_id))
+        if session.store is not None:  # PUBREL only once RELEASED is durable, or a restart resends the PUBLISH
+            self.store.after_commit(link.send, Pubrel(packet.packet_id))
+        else:
+            link.send(Pubrel(packet.packet_id))
 
     def _on_pubrel(self, session: Session, link: ClientLink, packet: Pubrel) -> None:
         packet_id = packet.packet_id

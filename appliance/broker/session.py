@@ -137,13 +137,25 @@ class Session:
             inflight[pid] = delivery
             if self.store is not None:
                 self.store.update_delivery(self.record.client_id, delivery.seq, DeliveryState.SENT, pid)
-            if self.events is not None:
-                self.events.emit("delivered", message=delivery.message, subscriber=self.record.client_id,
-                                 qos=delivery.qos, dup=False, attempt=delivery.attempts)
-            if not link.publish(delivery.message, delivery.qos, delivery.retain, pid, False, delivery.subscription_ids):
-                del inflight[pid]  # too large for this client: dropped, never retried [MQTT-3.1.2-25]
-                if self.store is not None:
-                    self.store.remove_delivery(self.record.client_id, delivery.seq)
+                if delivery.qos == 2:
+                    # A QoS2 packet id may reach the client only once it is durable: a restart must resend it
+                    # with DUP under the same id, never as a new message under another one [MQTT-4.3.3, MQTT-4.4.0-1].
+                    self.store.after_commit(self._send_committed, link, delivery, pid)
+                    continue
+            self._send_first(link, delivery, pid)
+
+    def _send_committed(self, link: ClientLink, delivery: Delivery, pid: int) -> None:
+        if self.link is link and self.inflight.get(pid) is delivery:
+            self._send_first(link, delivery, pid)
+
+    def _send_first(self, link: ClientLink, delivery: Delivery, pid: int) -> None:
+        if self.events is not None:
+            self.events.emit("delivered", message=delivery.message, subscriber=self.record.client_id,
+                             qos=delivery.qos, dup=False, attempt=delivery.attempts)
+        if not link.publish(delivery.message, delivery.qos, delivery.retain, pid, False, delivery.subscription_ids):
+            del self.inflight[pid]  # too large for this client: dropped, never retried [MQTT-3.1.2-25]
+            if self.store is not None:
+                self.store.remove_delivery(self.record.client_id, delivery.seq)
 
     def resend_inflight(self) -> None:
         """On reconnect: resend unacknowledged PUBLISH with DUP and PUBREL in the original order [MQTT-4.4.0-1]."""
