@@ -144,6 +144,12 @@ class LinkCore:
             raise WireError(f"cannot send {type(msg).__name__} on a {self.state.value} link")
         self._out += encode(msg)
 
+    def send_frame(self, frame: bytes) -> None:
+        """Queue an already encoded application frame; only on an open link."""
+        if self.state is not LinkState.OPEN:
+            raise WireError(f"cannot send a frame on a {self.state.value} link")
+        self._out += frame
+
     def close(self, reason: str = "") -> None:
         """Queue a Goodbye (if open) and refuse further traffic."""
         if self.state is LinkState.OPEN:

@@ -79,10 +79,25 @@ class _Connection:
                              expected_peer=expected_peer, heartbeat_interval=links.heartbeat_interval,
                              timeout=links.timeout)
         self.dialled_by = ""  # node id of the side that dialled, known once authenticated
+        self._flush_scheduled = False
 
     def send(self, msg: ClusterMessage) -> None:
-        """Queue a message and write it out (never blocks; the transport buffers)."""
+        """Queue a message; everything queued in one loop iteration goes out in one write (never blocks)."""
         self.core.send(msg)
+        self._schedule_flush()
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue an already encoded frame (the caller keeps the same bytes durably)."""
+        self.core.send_frame(frame)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
         self.flush()
 
     def flush(self) -> None:
@@ -252,6 +267,14 @@ class PeerLinks:
         if peer is None or peer.link is None or peer.link.core.state is not LinkState.OPEN:
             return False
         peer.link.send(msg)
+        return True
+
+    def async_send_frame(self, peer_id: str, frame: bytes) -> bool:
+        """Send an encoded frame on the peer's link; False if it is not up. Loop only."""
+        peer = self._peers.get(peer_id)
+        if peer is None or peer.link is None or peer.link.core.state is not LinkState.OPEN:
+            return False
+        peer.link.send_frame(frame)
         return True
 
     def is_up(self, peer_id: str) -> bool:

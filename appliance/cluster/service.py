@@ -24,7 +24,7 @@ from .forwarding import ForwardReceiver, ForwardSender, OnAcked, ReplicaReceiver
 from .membership import Membership
 from .peerlinks import PeerLinks, mutual_tls_contexts
 from .replicated import ReplicatedSpace
-from .wire import ClusterMessage, Digest, Forward, ForwardAck, Repair, RepairRequest, ReplAck, Replicate
+from .wire import ClusterMessage, Digest, Forward, ForwardAck, Repair, RepairRequest, ReplAck, Replicate, encode
 
 _LOG = logging.getLogger("appliance.cluster")
 DIGEST_CHUNK = 500  # keys per Digest / Repair frame
@@ -210,10 +210,16 @@ class ClusterService:
     def forward(self, peer: str, message: Message, clients: tuple[str, ...] = (),
                 on_acked: OnAcked | None = None) -> Forward:
         """Queue a message on the peer's stream (persist the returned Forward), send it if the link is up."""
+        return self.forward_frame(peer, message, clients, on_acked)[0]
+
+    def forward_frame(self, peer: str, message: Message, clients: tuple[str, ...] = (),
+                      on_acked: OnAcked | None = None) -> tuple[Forward, bytes]:
+        """forward(), also returning the encoded frame (persist those bytes: encoded once for both)."""
         sender = self.senders.setdefault(peer, ForwardSender(peer))
         fwd = sender.submit(message, clients, on_acked)
-        self.links.async_send(peer, fwd)
-        return fwd
+        frame = encode(fwd)
+        self.links.async_send_frame(peer, frame)
+        return fwd, frame
 
     def forward_committed(self, peer: str, seq: int) -> None:
         """The durable enqueue of a received Forward is done: ack it (cumulatively) when the prefix grows."""

@@ -35,7 +35,7 @@ from appliance.cluster.ownership import (
 from appliance.cluster.records import decode_delivery, decode_retained, encode_retained, retained_order
 from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
-from appliance.cluster.wire import Forward, decode_body, encode
+from appliance.cluster.wire import Forward, decode_body
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.store import SqliteStore
 
@@ -198,10 +198,10 @@ class ClusterWiring(SessionMigration):
             svc.senders[node] = ForwardSender(node, next_seq=self._seq_base)
         store = self.store
         seq_box: list[int] = []
-        fwd = svc.forward(node, message, clients, lambda _s, _st: store.wait_done(node, seq_box[0], "f"))
+        fwd, frame = svc.forward_frame(node, message, clients, lambda _s, _st: store.wait_done(node, seq_box[0], "f"))
         seq_box.append(fwd.seq)
         if message.qos:
-            self.inner.kv_put(f"fwd/{node}", _key(fwd.seq), encode(fwd))
+            self.inner.kv_put(f"fwd/{node}", _key(fwd.seq), frame)
             if svc.links.is_up(node) or not self.c["allow_publish"]:
                 store.add_wait(node, fwd.seq, "f")
         self._emit("forwarded", message=message, peer_node=node)
