@@ -32,19 +32,34 @@ from appliance.store import SqliteStore
 SessionOp = Callable[[str, int, bytes, bool], None]  # (client id, op, data, must be acked before the next ack)
 
 
+Wait = tuple[str, int, str]  # (peer, stream seq, stream kind "f" forward / "r" replica)
+
+
 class _Gated:
     """One after_commit callback waiting for its gate."""
 
     __slots__ = ("args", "callback", "gate", "ordered", "pending", "ran")
 
-    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...], waits: dict[str, int],
-                 ordered: bool) -> None:
+    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...], waits: list[Wait], ordered: bool) -> None:
         self.callback = callback
         self.args = args
-        self.pending = waits  # peer -> acks still outstanding
+        self.pending: dict[str, int] = {}  # peer -> acks still outstanding
+        for peer, _seq, _kind in waits:
+            self.pending[peer] = self.pending.get(peer, 0) + 1
         self.ordered = ordered  # client acks keep FIFO order; cluster-internal acks run as soon as they are due
         self.ran = False
-        self.gate = AckGate(waits, _nothing)
+        self.gate = AckGate(self.pending, _nothing)
+
+    def settle(self, peer: str, reachable: bool) -> bool:
+        """One wait on `peer` is over (acked, or the peer is down and the policy accepts it); True once finished."""
+        left = self.pending.get(peer, 0) - 1
+        self.pending[peer] = left
+        if left <= 0:
+            if reachable:
+                self.gate.peer_acked(peer)
+            else:
+                self.gate.peer_unreachable(peer, True)
+        return self.gate.finished
 
 
 def _nothing(_ok: bool) -> None:
@@ -57,54 +72,41 @@ class ClusterStore:
     def __init__(self, inner: SqliteStore) -> None:
         self.inner = inner
         self.on_session_op: SessionOp | None = None
-        self._waits: dict[str, int] = {}  # peer -> waits registered since the last after_commit
         self._fifo: deque[_Gated] = deque()
-        self._by_wait: dict[tuple[str, int, str], _Gated | None] = {}  # (peer, seq, kind) -> its gate, once bound
-        self._unbound: list[tuple[str, int, str]] = []  # waits registered since the last after_commit
+        self._open: dict[Wait, list[_Gated]] = {}  # outstanding wait -> the callbacks it gates
+        self._unbound: dict[Wait, None] = {}  # waits registered since the last after_commit, in order
+        self._capture: list[Wait] | None = None  # waits of the cluster-internal ack being prepared
 
     # -- waits ---------------------------------------------------------------------------------------------------
     def add_wait(self, peer: str, seq: int, kind: str) -> None:
-        """The next after_commit waits for (peer, seq) of stream `kind` to be acknowledged."""
-        self._waits[peer] = self._waits.get(peer, 0) + 1
-        self._by_wait[(peer, seq, kind)] = None
-        self._unbound.append((peer, seq, kind))
+        """The next after_commit (and a capturing after_own_acks) waits for (peer, seq) of stream `kind`."""
+        key = (peer, seq, kind)
+        self._open[key] = []
+        self._unbound[key] = None
+        if self._capture is not None:
+            self._capture.append(key)
+
+    def begin_own_acks(self) -> None:
+        """Start collecting the waits that the next after_own_acks callback must wait for."""
+        self._capture = []
 
     def wait_done(self, peer: str, seq: int, kind: str) -> None:
         """A stream ack covered (peer, seq)."""
-        if (peer, seq, kind) not in self._by_wait:
-            return
-        entry = self._by_wait.pop((peer, seq, kind))
-        if entry is None:  # acked before any after_commit bound it
-            self._unbound.remove((peer, seq, kind))
-            left = self._waits.get(peer, 0) - 1
-            if left > 0:
-                self._waits[peer] = left
-            else:
-                self._waits.pop(peer, None)
-            return
-        left = entry.pending.get(peer, 0) - 1
-        entry.pending[peer] = left
-        if left <= 0:
-            entry.gate.peer_acked(peer)
-            self._drain(entry)
+        self._settle((peer, seq, kind), True)
 
     def peer_down(self, peer: str, kind: str) -> None:
         """Policy accepts the loss of `peer`: its waits of stream `kind` count as done (the data stays buffered)."""
-        for key in [k for k in self._by_wait if k[0] == peer and k[2] == kind]:
-            entry = self._by_wait.pop(key)
-            if entry is None:
-                self._unbound.remove(key)
-                left = self._waits.get(peer, 0) - 1
-                if left > 0:
-                    self._waits[peer] = left
-                else:
-                    self._waits.pop(peer, None)
-            else:
-                left = entry.pending.get(peer, 0) - 1
-                entry.pending[peer] = left
-                if left <= 0:
-                    entry.gate.peer_unreachable(peer, True)
-                    self._drain(entry)
+        for key in [k for k in self._open if k[0] == peer and k[2] == kind]:
+            self._settle(key, False)
+
+    def _settle(self, key: Wait, reachable: bool) -> None:
+        gates = self._open.pop(key, None)
+        if gates is None:
+            return
+        self._unbound.pop(key, None)
+        for entry in gates:
+            if entry.settle(key[0], reachable):
+                self._drain(entry)
 
     @property
     def gated(self) -> int:
@@ -131,25 +133,29 @@ class ClusterStore:
     # -- Store protocol ------------------------------------------------------------------------------------------
     def after_commit(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run callback once everything queued before is committed here and acknowledged by the peers."""
-        if not self._waits and not self._fifo:
+        if not self._unbound and not self._fifo:
             self.inner.after_commit(callback, *args)
             return
-        self._gate(callback, args, True)
+        waits = list(self._unbound)
+        self._unbound = {}
+        self._gate(callback, args, waits, True)
 
     def after_own_acks(self, callback: Callable[..., Any], *args: Any) -> None:
-        """Like after_commit for cluster-internal acks: waits for the local commit and the waits registered since
-        the last after_commit, but not behind client acks (that would let two nodes wait on each other)."""
-        if not self._waits:
+        """For cluster-internal acks: wait for the local commit and the waits captured since begin_own_acks (even
+        those a client ack also waits for), but not behind client acks (two nodes would wait on each other)."""
+        waits = [k for k in (self._capture or ()) if k in self._open]
+        self._capture = None
+        if not waits:
             self.inner.after_commit(callback, *args)
             return
-        self._gate(callback, args, False)
+        for key in waits:
+            self._unbound.pop(key, None)
+        self._gate(callback, args, waits, False)
 
-    def _gate(self, callback: Callable[..., Any], args: tuple[Any, ...], ordered: bool) -> None:
-        entry = _Gated(callback, args, self._waits, ordered)
-        for key in self._unbound:
-            self._by_wait[key] = entry
-        self._unbound = []
-        self._waits = {}
+    def _gate(self, callback: Callable[..., Any], args: tuple[Any, ...], waits: list[Wait], ordered: bool) -> None:
+        entry = _Gated(callback, args, waits, ordered)
+        for key in waits:
+            self._open[key].append(entry)
         if ordered:
             self._fifo.append(entry)
         self.inner.after_commit(self._local_done, entry)

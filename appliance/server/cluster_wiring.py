@@ -332,6 +332,7 @@ class ClusterWiring(SessionMigration):
         """Enqueue a forwarded message durably (replicas included), then ack it; moved subscribers get it onward."""
         broker = self.broker
         assert broker is not None
+        self.store.begin_own_acks()
         missing, _persisted = deliver_forwarded(broker, fwd.message, fwd.clients)
         onward: dict[str, list[str]] = {}
         for cid in missing:

@@ -49,6 +49,7 @@ async def test_internal_ack_does_not_wait_behind_client_acks(tmp_path: Path) -> 
     ran: list[str] = []
     store.add_wait("nb", 7, "f")
     store.after_commit(ran.append, "puback")  # waits for nb
+    store.begin_own_acks()
     store.add_wait("nc", 3, "r")
     store.after_own_acks(ran.append, "forward-ack")  # waits for nc only
     store.wait_done("nc", 3, "r")
@@ -84,4 +85,19 @@ async def test_ack_before_binding_counts(tmp_path: Path) -> None:
     store.after_commit(ran.append, "suback")
     await _settle()
     assert ran == ["suback"] and store.gated == 0
+    await store.inner.async_close()
+
+
+async def test_internal_ack_keeps_its_waits_when_a_client_ack_took_them_too(tmp_path: Path) -> None:
+    store = await _open(tmp_path)
+    ran: list[str] = []
+    store.begin_own_acks()  # a forward arrives: its enqueue is replicated to nc ...
+    store.add_wait("nc", 1, "r")
+    store.after_commit(ran.append, "qos2-send")  # ... and the broker registers a callback of its own in between
+    store.after_own_acks(ran.append, "forward-ack")
+    await _settle()
+    assert ran == []  # the forward's ack must not go out before the replica has the message
+    store.wait_done("nc", 1, "r")
+    await _settle()
+    assert sorted(ran) == ["forward-ack", "qos2-send"]
     await store.inner.async_close()
