@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 from appliance.protocol.codec import encode
 from appliance.protocol.decoder import Decoder
@@ -33,14 +32,11 @@ class Conn:
 
     @classmethod
     async def async_open(cls, host: str, port: int, node: int, timeout: float) -> Conn:
-        """TCP connect within `timeout` seconds."""
+        """TCP connect within `timeout` seconds (asyncio sets TCP_NODELAY on its TCP transports)."""
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         except (OSError, TimeoutError) as exc:
             raise Gone(f"connect to {host}:{port}: {exc!r}") from exc
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = cls(reader, writer, node)
         conn._pump_task = asyncio.get_running_loop().create_task(conn._async_pump())
         return conn
