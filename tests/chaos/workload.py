@@ -112,7 +112,7 @@ class Clients:
                 connack = await conn.async_connect(client_id, clean, SESSION_EXPIRY, CONNECT_TIMEOUT)
                 self.history.write("conn", c=client_id, node=node, sp=connack.session_present, t=self.now())
                 return conn, connack.session_present
-            except Gone:
+            except (Gone, OSError):  # OSError: a socket reset under our feet
                 if conn is not None:
                     conn.abort()
                 self.stats["connect_failures"] += 1
@@ -185,7 +185,7 @@ class Publisher:
             first = False
             try:
                 await self._async_session(conn, present)
-            except Gone:
+            except (Gone, OSError):  # OSError: a socket reset under our feet
                 c.stats["reconnects"] += 1
             finally:
                 conn.abort()
@@ -281,7 +281,7 @@ class Subscriber:
                 first = False
                 if await self._async_receive(conn):
                     break
-            except Gone:
+            except (Gone, OSError):  # OSError: a socket reset under our feet
                 c.stats["reconnects"] += 1
             finally:
                 conn.abort()
