@@ -1,8 +1,11 @@
 """Delivery-log costs: emit() ns, writer µs/event, compressed bytes per delivered message, and a QoS1 loop ratio.
 
-Run: .venv/bin/python -m bench.deliverylog_bench [--messages N]
+Run: .venv/bin/python -m bench.deliverylog_bench [--messages N] [--format parquet|jsonl.gz|both]
+     .venv/bin/python -m bench.deliverylog_bench --broker-rounds 3 [--format ...]   (our broker, logging on vs off)
 The loop ratio drives the protocol codec for one QoS1 publish -> deliver -> ack per message (a lower bound on the
-broker's real per-message work, so the ratio here is pessimistic); the real broker ratio is measured by bench.run.
+broker's real per-message work, so the ratio here is pessimistic). The broker rounds report the delivered rate (wall
+time) and, because a shared machine makes wall time noisy, CPU seconds per delivered message of the broker process and
+of the broker plus its writer child (both pinned to the broker core), each as an on/off ratio.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ from appliance.protocol.codec import encode_publish
 from appliance.protocol.decoder import Decoder
 
 BOOT = "0b7c3a5e-9d1f-4c2a-8e6b-5f4d3c2b1a09"
+FORMATS = ("parquet", "jsonl.gz")
+
+
+def _segment_bytes(directory: str) -> int:
+    """Bytes of closed and open segments (journal and any Parquet tmp) in `directory`."""
+    return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
+               if n.endswith((".jsonl.gz", ".parquet", ".part", ".tmp")))
 
 
 def _message_events(sink, i: int, pub_pid: int) -> None:
@@ -45,8 +55,8 @@ def _broker_events(sink, messages: list) -> None:
         sink.emit("acked", message=m, subscriber="historian", qos=1)
 
 
-def side_cost(n: int, process: bool) -> tuple[float, float, float]:
-    """(µs of broker-process CPU per message, µs of writer-child CPU per message, gzip B per message)."""
+def side_cost(n: int, process: bool, fmt: str) -> tuple[float, float, float]:
+    """(µs of broker-process CPU per message, µs of writer-child CPU per message, log B per message)."""
     import resource
 
     from appliance.broker.model import Message
@@ -61,7 +71,7 @@ def side_cost(n: int, process: bool) -> tuple[float, float, float]:
     try:
         child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         log = DeliveryLog(d, fleet="fleet-eu", device="pi-0042", node="node-a", firmware="1.4.2", boot_id=BOOT,
-                          clock_synced=True, process=process)
+                          clock_synced=True, process=process, format=fmt)
         t0 = time.process_time()
         _broker_events(log, messages)
         log.flush()
@@ -69,8 +79,7 @@ def side_cost(n: int, process: bool) -> tuple[float, float, float]:
         log.close()
         child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         child = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
-        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if ".jsonl.gz" in f)
-        return parent / n * 1e6, child / n * 1e6, size / n
+        return parent / n * 1e6, child / n * 1e6, _segment_bytes(d) / n
     finally:
         shutil.rmtree(d)
 
@@ -95,7 +104,7 @@ class _Collect:
         self.items.append((kind, time.time_ns(), time.monotonic_ns(), fields))
 
 
-def writer_cost(messages: int, level: int, rate_per_s: float) -> tuple[float, float]:
+def writer_cost(messages: int, level: int, rate_per_s: float, fmt: str) -> tuple[float, float]:
     """(µs of writer CPU per event, compressed bytes per message) for `messages` messages at `rate_per_s`."""
     c = _Collect()
     for i in range(messages):
@@ -106,15 +115,14 @@ def writer_cost(messages: int, level: int, rate_per_s: float) -> tuple[float, fl
     d = tempfile.mkdtemp()
     try:
         ident = Identity("fleet-eu", "pi-0042", "node-a", "1.4.2", BOOT)
-        w = SegmentWriter(d, ident, Limits(level=level), lambda: True)
+        w = SegmentWriter(d, ident, Limits(level=level, format=fmt), lambda: True)
         batch = max(1, int(rate_per_s * 5 * 0.5))  # one writer pass per 0.5 s
         t0 = time.process_time_ns()
         for s in range(0, len(c.items), batch):
             w.write(c.items[s : s + batch])
         w.close()
         cpu = time.process_time_ns() - t0
-        size = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".gz"))
-        return cpu / len(c.items) / 1000, size / messages
+        return cpu / len(c.items) / 1000, _segment_bytes(d) / messages
     finally:
         shutil.rmtree(d)
 
@@ -135,7 +143,7 @@ def qos1_loop(sink, messages: int) -> float:
     return messages / (time.perf_counter() - t0)
 
 
-async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process") -> int:
+async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process", fmt: str = "parquet") -> int:
     """Run our broker node with [deliverylog] enabled when log_dir is set (mode: writer process or thread)."""
     import functools
 
@@ -144,15 +152,41 @@ async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process"
 
     overrides: dict = {"node": {"data_dir": data_dir}, "listener": {"tcp": listen}}
     if log_dir:
-        overrides["deliverylog"] = {"enabled": True, "dir": log_dir}
+        overrides["deliverylog"] = {"enabled": True, "dir": log_dir, "format": fmt}
         node_module.DeliveryLog = functools.partial(DeliveryLog, process=mode == "process")  # type: ignore[misc]
     node = node_module.Node(load(None, overrides))
     await node.async_start()
     return await node.async_run_until_stopped()
 
 
-def _broker_round(logging_on: bool, duration: float, mode: str) -> tuple[float, int, int]:
-    """One qos1 loadgen run against a fresh broker: (delivered msg/s, delivered, compressed log bytes)."""
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU seconds of process `pid`, CPU seconds of it and all its live descendants), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(p: int) -> float:
+        with open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    def tree(p: int) -> float:
+        total = own(p)
+        for task in os.listdir(f"/proc/{p}/task"):
+            try:
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    total += sum(tree(int(c)) for c in f.read().split())
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        return total
+
+    return own(pid), tree(pid)
+
+
+def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str) -> tuple[float, int, int, float, float]:
+    """One qos1 loadgen run against a fresh broker.
+
+    Returns (delivered msg/s, delivered, log bytes, broker CPU s, broker + writer child CPU s) with CPU counted
+    from just before the load to just after it (start-up and shutdown excluded).
+    """
     import json
     import signal
     import socket
@@ -167,7 +201,7 @@ def _broker_round(logging_on: bool, duration: float, mode: str) -> tuple[float, 
     tmp = tempfile.mkdtemp()
     log_dir = os.path.join(tmp, "deliverylog") if logging_on else ""
     argv = [sys.executable, "-m", "bench.deliverylog_bench", "serve", f"127.0.0.1:{port}", os.path.join(tmp, "data"),
-            log_dir, mode]
+            log_dir, mode, fmt]
     broker = subprocess.Popen(pinned(BROKER_CPU, argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -179,9 +213,12 @@ def _broker_round(logging_on: bool, duration: float, mode: str) -> tuple[float, 
                 if time.monotonic() > deadline or broker.poll() is not None:
                     raise RuntimeError("broker did not start") from None
                 time.sleep(0.05)
+        time.sleep(0.5)  # let the writer child finish starting
+        cpu0 = _cpu_seconds(broker.pid)
         out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", "qos1", "--port", str(port),
                                                   "--duration", str(duration), "--max-messages", "2000000"]),
                              capture_output=True, text=True, timeout=600, check=True).stdout
+        cpu1 = _cpu_seconds(broker.pid)
         result = json.loads(out.strip().splitlines()[-1])
     finally:
         broker.send_signal(signal.SIGTERM)
@@ -190,30 +227,42 @@ def _broker_round(logging_on: bool, duration: float, mode: str) -> tuple[float, 
     if log_dir:
         from appliance.deliverylog import read_segments
 
-        size = sum(os.path.getsize(os.path.join(log_dir, n)) for n in os.listdir(log_dir) if ".jsonl.gz" in n)
+        size = _segment_bytes(log_dir)
         kinds: dict[str, int] = {}
         for r in read_segments(log_dir, fill_nulls=False):
             kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
         print(f"  logged {kinds} for {result['delivered']} delivered messages", flush=True)
+        print(f"  closed segments: {sorted(n.rsplit('.', 1)[-1] for n in os.listdir(log_dir) if n[0] != '.')}")
     shutil.rmtree(tmp)
-    return result["delivered_rate"], result["delivered"], size
+    delivered = max(result["delivered"], 1)
+    return (result["delivered_rate"], result["delivered"], size, (cpu1[0] - cpu0[0]) / delivered,
+            (cpu1[1] - cpu0[1]) / delivered)
 
 
-def broker_ratio(rounds: int, duration: float, mode: str) -> None:
-    """Our broker's QoS1 delivered rate with delivery logging on vs off (alternating), and log bytes per message."""
+def broker_ratio(rounds: int, duration: float, mode: str, fmt: str) -> None:
+    """Our broker's QoS1 delivered rate and CPU per message with delivery logging on vs off (alternating)."""
     import statistics
 
-    on, off, per_msg = [], [], []
+    on: list[tuple[float, float, float]] = []
+    off: list[tuple[float, float, float]] = []
+    per_msg = []
     for r in range(rounds):
         for logging_on in ((True, False) if r % 2 else (False, True)):
-            rate, delivered, size = _broker_round(logging_on, duration, mode)
-            (on if logging_on else off).append(rate)
+            rate, delivered, size, cpu_broker, cpu_tree = _broker_round(logging_on, duration, mode, fmt)
+            (on if logging_on else off).append((rate, cpu_broker, cpu_tree))
             if logging_on:
                 per_msg.append(size / max(delivered, 1))
-    m_on, m_off = statistics.median(on), statistics.median(off)
-    print(f"[writer in a {mode}] broker QoS1 delivered rate: off {m_off:.0f} msg/s {sorted(round(x) for x in off)}, "
-          f"on {m_on:.0f} msg/s {sorted(round(x) for x in on)}, ratio {m_on / m_off:.2f}")
-    print(f"log bytes per delivered message (gzip segments): {statistics.median(per_msg):.1f} B")
+
+    def med(rows: list[tuple[float, float, float]], i: int) -> float:
+        return statistics.median(row[i] for row in rows)
+
+    print(f"[{fmt}, writer in a {mode}] broker QoS1 delivered rate: off {med(off, 0):.0f} msg/s "
+          f"{sorted(round(x[0]) for x in off)}, on {med(on, 0):.0f} msg/s {sorted(round(x[0]) for x in on)}, "
+          f"wall ratio {med(on, 0) / med(off, 0):.2f}")
+    print(f"  CPU per delivered message: broker off {med(off, 1) * 1e6:.1f} µs, on {med(on, 1) * 1e6:.1f} µs "
+          f"(ratio {med(off, 1) / med(on, 1):.2f}); broker + writer child off {med(off, 2) * 1e6:.1f} µs, "
+          f"on {med(on, 2) * 1e6:.1f} µs (ratio {med(off, 2) / med(on, 2):.2f})")
+    print(f"  log bytes per delivered message ({fmt} segments): {statistics.median(per_msg):.1f} B {per_msg}")
 
 
 def main() -> None:
@@ -222,27 +271,33 @@ def main() -> None:
     import sys
 
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        sys.exit(asyncio.run(_serve(*sys.argv[2:6])))
+        sys.exit(asyncio.run(_serve(*sys.argv[2:7])))
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--broker-rounds", type=int, default=0, help="also run our broker on/off this many rounds")
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--mode", choices=["process", "thread"], default="process", help="where the writer runs")
+    ap.add_argument("--format", choices=[*FORMATS, "both"], default="both", help="closed segment format")
     args = ap.parse_args()
+    formats = FORMATS if args.format == "both" else (args.format,)
     if args.broker_rounds:
-        broker_ratio(args.broker_rounds, args.duration, args.mode)
+        for fmt in formats:
+            broker_ratio(args.broker_rounds, args.duration, args.mode, fmt)
         return
     n = args.messages
     print(f"NullEventSink: {null_cost(n):.2f} µs CPU per message (4 emits)")
-    for process in (True, False):
-        parent, child, per_msg = side_cost(n, process)
-        where = "child process" if process else "thread"
-        print(f"writer in a {where}: broker-process CPU {parent:.2f} µs/message, writer child CPU "
-              f"{child:.2f} µs/message, {per_msg:.1f} B/message (4 events)")
-    for level in (1, 6, 9):
-        for rate in (100.0, 5000.0):
-            us, per_msg = writer_cost(n // 2, level, rate)
-            print(f"writer gzip-{level} @ {rate:.0f} msg/s: {us:.2f} µs CPU/event, {per_msg:.1f} B per message")
+    for fmt in formats:
+        for process in (True, False):
+            parent, child, per_msg = side_cost(n, process, fmt)
+            where = "child process" if process else "thread"
+            print(f"[{fmt}] writer in a {where}: broker-process CPU {parent:.2f} µs/message, writer child CPU "
+                  f"{child:.2f} µs/message, {per_msg:.1f} B/message (4 events)")
+    for fmt in formats:
+        for level in (1, 6):
+            for rate in (100.0, 5000.0):
+                us, per_msg = writer_cost(n // 2, level, rate, fmt)
+                print(f"[{fmt}] writer, journal gzip-{level} @ {rate:.0f} msg/s: {us:.2f} µs CPU/event, "
+                      f"{per_msg:.1f} B per message (5 events)")
     d = tempfile.mkdtemp()
     try:
         off, on = [], []
