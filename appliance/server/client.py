@@ -203,8 +203,8 @@ class ClientProtocol(asyncio.Protocol):
         self, message: Message, qos: int, retain: bool, packet_id: int | None, dup: bool, subscription_ids: list[int]
     ) -> bool:
         """Encode and queue one PUBLISH; False when it exceeds the client's Maximum Packet Size."""
-        if self.closed:
-            return True  # the session keeps it queued; it is resent on the next connection
+        if self.closed or self.conn.closed:  # e.g. PUBACKs read together with a DISCONNECT refill the window
+            return True  # the session keeps it inflight; it is resent on the next connection
         if qos == 0 and self._paused_writing:
             self.node.broker.metrics.drop("slow_consumer")
             return True

@@ -86,3 +86,25 @@ def test_subscriptions_survive_a_broker_restart(ours, uid):  # [MQTT-4.1.0-1] du
     assert again.collect(1)[0].payload == b"after"
     again.disconnect()
     pub.disconnect()
+
+
+def test_acks_and_disconnect_in_one_read_lose_nothing(client, uid):  # [MQTT-4.3.2, 4.4.0-1]
+    """PUBACKs that refill the inflight window arrive in the same read as DISCONNECT: the refill must stay queued."""
+    from appliance.protocol.packets import Disconnect
+
+    props = Properties(session_expiry_interval=300, receive_maximum=2)
+    s = client(MQTT_5)
+    s.connect(uid, clean=False, properties=props)
+    s.subscribe(f"{uid}/w", 1)
+    s.disconnect()
+    _publish(client, uid, f"{uid}/w", [b"%d" % i for i in range(6)])
+    first = client(MQTT_5)
+    first.connect(uid, clean=False, properties=props)
+    window = first.collect(2, auto_ack=False)
+    first.send(*[Puback(p.packet_id) for p in window], Disconnect())  # type: ignore[arg-type]
+    first.close()
+    time.sleep(0.3)
+    again = client(MQTT_5)
+    again.connect(uid, clean=False, properties=props)
+    rest = [p.payload for p in again.collect(4)]
+    assert rest == [b"2", b"3", b"4", b"5"]
