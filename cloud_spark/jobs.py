@@ -71,7 +71,9 @@ def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | 
         if parquet:
             typed = read_parquet_segments(spark, src, versions, fleets, dates)
             parsed = parsed.unionByName(ingest.typed_records(typed, versions))
-        checked = ingest.with_reject_reason(parsed, versions).persist()
+        checked = ingest.with_reject_reason(parsed, versions)
+        # keep the raw line only where it is needed (rejects): the cached frame stays about as small as the events
+        checked = checked.withColumn("value", F.when(F.col(ingest.REJECT).isNotNull(), F.col("value"))).persist()
         try:
             (ingest.quarantine(checked).write.mode("overwrite").partitionBy("path_fleet", "path_date")
              .parquet(f"{out}/quarantine"))

@@ -6,6 +6,8 @@ import os
 
 from pyspark.sql import SparkSession
 
+# Big generated methods (wide validation and aggregation expressions) must still be JIT-compiled by HotSpot.
+JIT_HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 # Settings every job relies on: UTC everywhere (dates, hours), partition values read as strings.
 JOB_CONF = {
     "spark.sql.session.timeZone": "UTC",
@@ -29,6 +31,8 @@ def get_spark(app: str, master: str | None = None, driver_memory: str | None = N
         builder = builder.master(master or "local[*]")
         builder = builder.config("spark.driver.memory", driver_memory or "2g")
         builder = builder.config("spark.ui.showConsoleProgress", "true")
+        builder = builder.config("spark.driver.extraJavaOptions", JIT_HUGE_METHODS)
+    builder = builder.config("spark.executor.extraJavaOptions", JIT_HUGE_METHODS)
     for key, value in {**JOB_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
