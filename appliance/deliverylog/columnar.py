@@ -58,6 +58,7 @@ class ParquetSegment:
         self.final_path = final_path
         self.tmp_path = final_path + ".tmp"
         self.schema = arrow_schema()
+        self._nullable = pa.struct([self.schema.field(name) for name in NULLABLE])
         self.identity = identity
         self.event_prefix = f"{identity.node}:{identity.boot_id}:"
         self.next_counter = first_counter  # event counter of the first buffered row
@@ -111,10 +112,13 @@ class ParquetSegment:
         }
         for name, value in constant.items():
             columns[name] = pa.repeat(pa.scalar(value, self.schema.field(name).type), n)
-        for name in NULLABLE:
-            array, bad = _column(pa, name, [r.get(name) for r in records], self.schema.field(name).type)
-            columns[name] = array
-            self.bad_values += bad
+        try:  # one C++ pass over the field dicts
+            columns.update(zip(NULLABLE, pa.array(records, self._nullable).flatten(), strict=True))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            for name in NULLABLE:  # some value does not fit its column: find it, column by column
+                array, bad = _column(pa, name, [r.get(name) for r in records], self.schema.field(name).type)
+                columns[name] = array
+                self.bad_values += bad
         table = pa.Table.from_arrays([columns[f.name] for f in self.schema], schema=self.schema)
         if self._writer is None:
             import pyarrow.parquet as pq

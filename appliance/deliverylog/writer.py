@@ -54,7 +54,7 @@ class DeliveryLogError(Exception):
 class Limits:
     """Rotation, durability and disk-budget limits of one writer."""
 
-    segment_bytes: int = 4 << 20  # compressed size at which a segment is closed
+    segment_bytes: int = 4 << 20  # compressed size of the open segment (its journal) at which it is closed
     segment_age_s: float = 300.0  # age at which a segment is closed (so uploads are never older than this)
     budget_bytes: int = 256 << 20  # this writer's closed + open segments; oldest closed ones are evicted beyond it
     fsync_every_s: float | None = 10.0  # fsync the open segment this often (None: only at close)
