@@ -26,16 +26,24 @@ from .checker import Result
 Key = tuple[str, int, str]
 
 
+def segment_records(path: Path) -> list[dict[str, Any]]:
+    """Every record of one closed segment, Parquet or gzip JSON Lines."""
+    if path.name.endswith(".parquet"):
+        from appliance.deliverylog.columnar import read_parquet_records
+
+        return read_parquet_records(str(path))
+    with gzip.open(path, "rt") as fh:
+        return [json.loads(line) for line in fh]
+
+
 def broker_logged(run_dir: Path) -> set[tuple[str, int]]:
     """(publisher, seq) of every message some node's delivery log recorded as received."""
     found: set[tuple[str, int]] = set()
     for directory in sorted(run_dir.glob("node*/deliverylog")):
         for name in closed_segments(str(directory)):
-            with gzip.open(directory / name, "rt") as fh:
-                for line in fh:
-                    rec = json.loads(line)
-                    if rec["kind"] == "received" and rec.get("publisher_seq") is not None:
-                        found.add((rec["publisher"], int(rec["publisher_seq"])))
+            for rec in segment_records(directory / name):
+                if rec["kind"] == "received" and rec.get("publisher_seq") is not None:
+                    found.add((rec["publisher"], int(rec["publisher_seq"])))
     return found
 
 
@@ -58,7 +66,7 @@ def inject_client_faults(run_dir: Path, subscriber: str, lose: tuple[str, int], 
     """Make `subscriber` lose one delivery and see another twice, in its history and its receipts alike.
 
     This is what a broker bug would leave in the client's records; the checker and Spark must both report exactly
-    these (on top of whatever the run itself produced).
+    these (on top of whatever the run itself produced). The clients write gzip JSON Lines receipts (workload.py).
     """
     history = run_dir / "clients" / "history.jsonl"
     kept = []
@@ -76,8 +84,9 @@ def inject_client_faults(run_dir: Path, subscriber: str, lose: tuple[str, int], 
     receipts = run_dir / "clients" / "receipts"
     for name in closed_segments(str(receipts)):
         path = receipts / name
-        with gzip.open(path, "rt") as fh:
-            records = [json.loads(line) for line in fh]
+        if not name.endswith(".jsonl.gz"):
+            raise ValueError(f"{path}: fault injection edits gzip JSON Lines receipts only")
+        records = segment_records(path)
         if not records or records[0]["node"] != subscriber:
             continue
         out = []
@@ -106,7 +115,7 @@ def spark_view(spark: Any, stage: Path, out: Path) -> SparkView:
 
     from cloud_spark import jobs
 
-    stats = jobs.ingest_job(spark, str(stage), str(out))
+    stats = jobs.ingest_job(spark, str(stage), str(out), parquet=True)  # node logs: Parquet by default
     summary = jobs.analyze_job(spark, str(out), grace_us=0, ingest_summary=stats)
     fate = spark.read.parquet(f"{out}/fate")
     keys: dict[str, set[Key]] = {}

@@ -97,7 +97,8 @@ class Clients:
     def receipts(self, client_id: str) -> ReceiptLogger:
         """A receipt logger for one client (threads only, no writer child process)."""
         logger = ReceiptLogger(str(Path(self.spec.out) / "receipts"), client_id=client_id, fleet=self.spec.fleet,
-                               device=self.spec.device, firmware="chaos", process=False, clock_synced=True)
+                               device=self.spec.device, firmware="chaos", process=False, clock_synced=True,
+                               format="jsonl.gz")  # nodes write Parquet: the Spark job gets both formats
         self.loggers.append(logger)
         return logger
 
