@@ -77,10 +77,26 @@ class ReplicaCopy:
     owner: str
     epoch: float
     record: SessionRecord
-    queue: dict[int, Delivery] = field(default_factory=dict)  # seq -> delivery
+    queue: dict[int, Delivery | bytes] = field(default_factory=dict)  # seq -> delivery (or its encoding, lazily)
     qos2: set[int] = field(default_factory=set)
     version: int = 0  # operations applied, to pick the freshest copy
-    last: Delivery | None = field(default=None, compare=False)  # the delivery the last OP_ENQUEUE added
+    last: int | None = field(default=None, compare=False)  # seq of the delivery the last OP_ENQUEUE added
+
+    def delivery(self, seq: int) -> Delivery:
+        """One queued delivery, decoded (and kept decoded)."""
+        value = self.queue[seq]
+        if isinstance(value, bytes):
+            value = self.queue[seq] = decode_delivery(value)
+        return value
+
+    def deliveries(self) -> list[Delivery]:
+        """The whole queue in seq order, decoded."""
+        return [self.delivery(seq) for seq in sorted(self.queue)]
+
+    def encoded(self, seq: int) -> bytes:
+        """One queued delivery as stored (encode_delivery)."""
+        value = self.queue[seq]
+        return value if isinstance(value, bytes) else encode_delivery(value)
 
 
 def encode_snapshot(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int]) -> bytes:
@@ -153,13 +169,15 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
         return copy
     copy.version += 1
     if op == OP_ENQUEUE:
-        d = decode_delivery(data)
-        copy.queue[d.seq] = d
-        copy.last = d
+        r = _Reader(data)  # the replica stores the bytes; only a takeover decodes them
+        r.uint()  # format
+        seq = r.uint()
+        copy.queue[seq] = data
+        copy.last = seq
     elif op == OP_UPDATE:
         seq, state, pid = decode_update(data)
-        found = copy.queue.get(seq)
-        if found is not None:
+        if seq in copy.queue:
+            found = copy.delivery(seq)
             found.state, found.packet_id = state, pid
     elif op == OP_REMOVE:
         copy.queue.pop(decode_uint(data), None)
@@ -177,8 +195,7 @@ def encode_copy(copy: ReplicaCopy) -> bytes:
     w = _Writer()
     w.text(copy.owner)
     w.uint(copy.version)
-    w.raw(encode_snapshot(copy.epoch, copy.record, sorted(copy.queue.values(), key=lambda d: d.seq),
-                          sorted(copy.qos2)))
+    w.raw(encode_snapshot(copy.epoch, copy.record, copy.deliveries(), sorted(copy.qos2)))
     return bytes(w.out)
 
 
@@ -187,7 +204,8 @@ def decode_copy(data: bytes) -> ReplicaCopy:
     r = _Reader(data)
     owner, version = r.text(), r.uint()
     epoch, record, queue, qos2 = decode_snapshot(r.raw())
-    return ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2), version)
+    return ReplicaCopy(owner, epoch, record, dict[int, Delivery | bytes]({d.seq: d for d in queue}), set(qos2),
+                       version)
 
 
 __all__ = [

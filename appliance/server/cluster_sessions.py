@@ -28,7 +28,6 @@ from appliance.cluster.ownership import (
     decode_update,
     encode_claim,
     encode_copy,
-    encode_delivery,
     encode_snapshot,
 )
 from appliance.cluster.wire import Replicate, SessionState, SessionTakeover
@@ -64,6 +63,7 @@ class SessionMigration:
     _origin: dict[str, int]
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
     _request_id: int
+    events: Any
     clock: Callable[[], float]
 
     @property
@@ -92,8 +92,8 @@ class SessionMigration:
             self._persist_copy(cid, new, rep, whole=new is not old or old_owner != peer)
         self.inner.set_meta(f"cluster.rep.{peer}", str(rep.seq))
         self.inner.after_commit(self._replica_committed, peer, rep.seq)
-        if rep.op == OP_ENQUEUE and changed and new is not None and new.last is not None:
-            self._emit("replicated", message=new.last.message, subscriber=cid, peer_node=peer)
+        if rep.op == OP_ENQUEUE and changed and new is not None and new.last is not None and self.events is not None:
+            self._emit("replicated", message=new.delivery(new.last).message, subscriber=cid, peer_node=peer)
         if rep.op == OP_SNAPSHOT and new is not None:
             self._emit("replicated", subscriber=cid, peer_node=peer, reason="snapshot")
 
@@ -112,15 +112,15 @@ class SessionMigration:
             inner.kv_put("rs", cid, encode_copy(header))
         if whole:
             inner.kv_delete_ns(ns)
-            for seq, d in copy.queue.items():
-                inner.kv_put(ns, _key(seq), encode_delivery(d))
+            for seq in copy.queue:
+                inner.kv_put(ns, _key(seq), copy.encoded(seq))
         elif rep.op == OP_ENQUEUE:
             if copy.last is not None:
-                inner.kv_put(ns, _key(copy.last.seq), rep.data)
+                inner.kv_put(ns, _key(copy.last), rep.data)
         elif rep.op == OP_UPDATE:
             seq = decode_update(rep.data)[0]
             if seq in copy.queue:
-                inner.kv_put(ns, _key(seq), encode_delivery(copy.queue[seq]))
+                inner.kv_put(ns, _key(seq), copy.encoded(seq))
         elif rep.op == OP_REMOVE:
             inner.kv_delete(ns, _key(decode_uint(rep.data)))
 
@@ -173,7 +173,7 @@ class SessionMigration:
         if candidates:
             best = max(candidates, key=lambda c: (c.epoch, c.version))
             assert self.broker is not None
-            queue = sorted(best.queue.values(), key=lambda d: d.seq)
+            queue = best.deliveries()
             self._origin[cid] = FROM_REPLICA
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
             if local is not None:

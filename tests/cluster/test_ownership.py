@@ -49,7 +49,8 @@ def test_replica_applies_its_owners_operations_in_order() -> None:
                      (OP_QOS2_ADD, encode_uint(4))]:
         copy = apply_op(copy, "nc", op, data)
         assert copy is not None
-    assert sorted(copy.queue) == [2, 3] and copy.queue[2].packet_id == 9 and copy.qos2 == {4}
+    assert sorted(copy.queue) == [2, 3] and copy.delivery(2).packet_id == 9 and copy.qos2 == {4}
+    assert [d.message.payload for d in copy.deliveries()] == [b"p2", b"p3"]
     again = decode_copy(encode_copy(copy))
     assert sorted(again.queue) == [2, 3] and again.version == copy.version and again.record.subscriptions
     # Another node's queue operations are ignored; a stale owner's older snapshot too.
