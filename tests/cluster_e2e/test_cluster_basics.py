@@ -85,3 +85,29 @@ def test_a_node_with_the_wrong_secret_is_refused_and_receives_nothing(netns_lab)
     assert {m["node"]: m["state"] for m in cluster.status(0)["members"]}.get(cluster.name(2)) in (None, "unreachable")
     refused = cluster.procs[0].output() + cluster.procs[1].output()
     assert "refus" in refused.lower() or "authentic" in refused.lower(), refused[-2000:]
+
+
+def test_connect_elsewhere_takes_the_session_over_with_its_queue_first(netns_lab) -> None:
+    cluster = Cluster(netns_lab(3), 3)
+    cluster.start()
+    cluster.wait_formed()
+    # A live connection on A is closed with DISCONNECT 0x8E when the same client id connects on B.
+    holder = cluster.lab.spawn(0, [sys.executable, "-m", "tests.cluster_e2e.hold_client", cluster.lab.ip(0), "roamer"],
+                               name="holder-")
+    wait_until(lambda: "connected" in holder.output(), WAIT, "holder connected on A")
+    wait_until(lambda: cluster.owner(1, "roamer") == "na", WAIT, "claim replicated")
+    assert cluster.sub(1, "nothing", "roamer", 1, timeout=1) == []
+    wait_until(lambda: "disconnect 0x8e" in holder.output(), WAIT, "0x8E on A")
+    # An offline session on A with a queue moves to B: the old queue first, then newer messages.
+    assert cluster.sub(0, "roam", "traveller", 1, timeout=1) == []
+    wait_until(lambda: cluster.owner(2, "traveller") == "na", WAIT, "claim replicated")
+    old = [f"old{n}" for n in range(50)]
+    new = [f"new{n}" for n in range(50)]
+    cluster.pub(2, "roam", old, client_id="pub")
+    sub = cluster.spawn_sub(1, "roam", "traveller")
+    wait_until(lambda: cluster.owner(2, "traveller") == "nb", WAIT, "session moved to B")
+    cluster.pub(2, "roam", new, client_id="pub")
+    wait_until(lambda: len(lines(sub)) >= 100, WAIT, "all delivered")
+    assert lines(sub) == old + new
+    assert cluster.owner(0, "traveller") == "nb"
+    assert cluster.crashes() == []
