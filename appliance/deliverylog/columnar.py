@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .identity import Identity
@@ -10,6 +11,7 @@ from .schema import FIELDS, SCHEMA_VERSION, field_problem
 
 ROW_GROUP_EVENTS = 65_536  # rows per row group: bounds the writer's memory, keeps dictionaries and deltas effective
 _ARROW_TYPES = {"string": "string", "int": "int32", "long": "int64", "boolean": "bool_"}
+WRITER_COLUMNS = ("event_id", "ts_wall_us", "ts_mono_us", "clock_synced", "kind")
 NULLABLE = tuple(name for name, (_, nullable) in FIELDS.items() if nullable)
 # Unique or ever-growing columns: no dictionary; strings share prefixes, clocks and counters grow by small steps.
 _DELTA = {"event_id": "DELTA_BYTE_ARRAY", "ts_wall_us": "DELTA_BINARY_PACKED", "ts_mono_us": "DELTA_BINARY_PACKED"}
@@ -48,7 +50,11 @@ def _column(pa: Any, name: str, values: list[Any], dtype: Any) -> tuple[Any, int
 
 
 class ParquetSegment:
-    """One segment's Parquet file under construction at `<final>.tmp`; renamed to its final name when complete."""
+    """One segment's Parquet file under construction at `<final>.tmp`; renamed to its final name when complete.
+
+    Each chunk of events becomes an Arrow batch at once (the Python work is spread evenly); full row groups are
+    encoded and written by a helper thread (pyarrow releases the GIL), so the writer never stalls for a row group.
+    """
 
     def __init__(self, final_path: str, identity: Identity, first_counter: int) -> None:
         import pyarrow as pa
@@ -61,21 +67,14 @@ class ParquetSegment:
         self._nullable = pa.struct([self.schema.field(name) for name in NULLABLE])
         self.identity = identity
         self.event_prefix = f"{identity.node}:{identity.boot_id}:"
-        self.next_counter = first_counter  # event counter of the first buffered row
-        self.rows = 0  # rows written to the file so far
+        self.next_counter = first_counter  # event counter of the next row added
+        self.rows = 0  # rows handed to the file so far
         self.bad_values = 0  # values dropped because the schema type cannot hold them
+        self.buffered = 0  # rows waiting for the next row group
+        self._batches: list[Any] = []
         self._writer: Any = None
-        self.kinds: list[str] = []
-        self.walls: list[int] = []
-        self.monos: list[int] = []
-        self.synced: list[bool] = []
-        self.fields: list[dict[str, Any]] = []
-        self.event_ids: list[str] = []  # explicit ids (rebuilding from a journal); empty: numbered from next_counter
-
-    @property
-    def buffered(self) -> int:
-        """Rows waiting for the next row group."""
-        return len(self.kinds)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None  # the row group being written
 
     def tmp_size(self) -> int:
         """Bytes of the temporary file on disk."""
@@ -84,51 +83,88 @@ class ParquetSegment:
         except FileNotFoundError:
             return 0
 
-    def flush_row_group(self, limit: int = ROW_GROUP_EVENTS) -> None:
-        """Write up to `limit` buffered rows as one row group (the file is created on the first one)."""
-        n = min(self.buffered, limit)
+    def add(self, kinds: list[str], walls: list[int], monos: list[int], synced: bool | list[bool],
+            fields: list[dict[str, Any]], event_ids: list[str] | None = None) -> None:
+        """Buffer one chunk of events (numbered from next_counter unless event_ids are given) as an Arrow batch."""
+        n = len(kinds)
         if not n:
             return
         pa = self._pa
-        walls, monos, synced, kinds, records = self.walls[:n], self.monos[:n], self.synced[:n], self.kinds[:n], \
-            self.fields[:n]
-        ids = self.event_ids[:n]
-        ident = self.identity
-        if ids:
-            event_ids = pa.array(ids, pa.string())
+        try:  # one C++ pass over the field dicts
+            nullable = pa.array(fields, self._nullable)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            arrays = []
+            for name in NULLABLE:  # some value does not fit its column: find it, column by column
+                array, bad = _column(pa, name, [r.get(name) for r in fields], self.schema.field(name).type)
+                arrays.append(array)
+                self.bad_values += bad
+            nullable = pa.StructArray.from_arrays(arrays, fields=list(self._nullable))
+        if event_ids is not None:
+            ids = pa.array(event_ids, pa.string())
         else:
             counters = pa.array(range(self.next_counter, self.next_counter + n), pa.int64())
-            event_ids = pa.compute.binary_join_element_wise(self.event_prefix, counters.cast(pa.string()), "")
+            ids = pa.compute.binary_join_element_wise(self.event_prefix, counters.cast(pa.string()), "")
+        self._batches.append(pa.RecordBatch.from_arrays([
+            ids,
+            pa.array(walls, pa.int64()),
+            pa.array(monos, pa.int64()),
+            pa.array(synced, pa.bool_()) if isinstance(synced, list) else pa.repeat(pa.scalar(synced), n),
+            pa.array(kinds, pa.string()),
+            nullable,
+        ], names=["event_id", "ts_wall_us", "ts_mono_us", "clock_synced", "kind", "nullable"]))
+        self.next_counter += n
+        self.buffered += n
+
+    def _table(self, chunks: Any) -> Any:
+        """The buffered chunks (one Arrow table) as a schema-v1 table: constants and nullable columns filled in."""
+        pa = self._pa
+        n = chunks.num_rows
+        ident = self.identity
         constant = {
             "schema_version": SCHEMA_VERSION, "source": ident.source, "fleet": ident.fleet, "device": ident.device,
             "node": ident.node, "firmware": ident.firmware, "boot_id": ident.boot_id,
         }
-        columns: dict[str, Any] = {
-            "event_id": event_ids,
-            "ts_wall_us": pa.array(walls, pa.int64()),
-            "ts_mono_us": pa.array(monos, pa.int64()),
-            "clock_synced": pa.array(synced, pa.bool_()),
-            "kind": pa.array(kinds, pa.string()),
-        }
+        columns: dict[str, Any] = {name: chunks[name] for name in WRITER_COLUMNS}
         for name, value in constant.items():
             columns[name] = pa.repeat(pa.scalar(value, self.schema.field(name).type), n)
-        try:  # one C++ pass over the field dicts
-            columns.update(zip(NULLABLE, pa.array(records, self._nullable).flatten(), strict=True))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-            for name in NULLABLE:  # some value does not fit its column: find it, column by column
-                array, bad = _column(pa, name, [r.get(name) for r in records], self.schema.field(name).type)
-                columns[name] = array
-                self.bad_values += bad
-        table = pa.Table.from_arrays([columns[f.name] for f in self.schema], schema=self.schema)
+        nullable = chunks["nullable"].combine_chunks()
+        columns.update(zip(NULLABLE, nullable.flatten(), strict=True))
+        return pa.Table.from_arrays([columns[f.name] for f in self.schema], schema=self.schema)
+
+    def flush_row_group(self, limit: int = ROW_GROUP_EVENTS) -> None:
+        """Hand up to `limit` buffered rows to the helper thread as one row group (the file opens on the first)."""
+        n = min(self.buffered, limit)
+        if not n:
+            return
+        chunks = self._pa.Table.from_batches(self._batches)
+        rest = chunks.slice(n)
+        self._batches = rest.to_batches() if rest.num_rows else []
+        self.buffered -= n
+        self.rows += n
+        self._wait()  # one row group in flight at a time: ParquetWriter is not thread-safe
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="deliverylog-parquet")
+        self._pending = self._pool.submit(self._write, chunks.slice(0, n))
+
+    def _write(self, chunks: Any) -> None:
+        """Assemble, encode and write one row group (helper thread)."""
+        table = self._table(chunks)
         if self._writer is None:
             import pyarrow.parquet as pq
 
             self._writer = pq.ParquetWriter(self.tmp_path, self.schema, **WRITE_OPTIONS)
-        self._writer.write_table(table, row_group_size=n)
-        self.next_counter += n
-        self.rows += n
-        for buffer in (self.kinds, self.walls, self.monos, self.synced, self.fields, self.event_ids):
-            del buffer[:n]
+        self._writer.write_table(table, row_group_size=table.num_rows)
+
+    def _wait(self) -> None:
+        """Wait for the row group in flight; its error (disk full, ...) is raised here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def finish(self) -> int:
         """Write the rest, close the file, fsync it and rename it to its final name; returns its size (0: no rows)."""
@@ -136,6 +172,8 @@ class ParquetSegment:
 
         while self.buffered:
             self.flush_row_group()
+        self._wait()
+        self._stop_pool()
         if self._writer is None:
             return 0
         self._writer.close()
@@ -151,6 +189,11 @@ class ParquetSegment:
 
     def abort(self) -> None:
         """Drop the temporary file (the journal still holds every record)."""
+        try:
+            self._wait()
+        except Exception:  # the file is deleted anyway
+            pass
+        self._stop_pool()
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -173,13 +216,11 @@ def records_to_parquet(records: list[dict[str, Any]], final_path: str) -> tuple[
         str(first.get("boot_id")), str(first.get("source", "broker")),
     )
     seg = ParquetSegment(final_path, identity, 0)
-    for record in records:
-        seg.event_ids.append(str(record.get("event_id")))
-        seg.kinds.append(str(record.get("kind")))
-        seg.walls.append(record.get("ts_wall_us"))  # type: ignore[arg-type]
-        seg.monos.append(record.get("ts_mono_us"))  # type: ignore[arg-type]
-        seg.synced.append(bool(record.get("clock_synced")))
-        seg.fields.append(record)
+    for start in range(0, len(records), 1024):
+        chunk = records[start : start + 1024]
+        seg.add([str(r.get("kind")) for r in chunk], [r.get("ts_wall_us") for r in chunk],  # type: ignore[misc]
+                [r.get("ts_mono_us") for r in chunk], [bool(r.get("clock_synced")) for r in chunk],  # type: ignore[misc]
+                chunk, [str(r.get("event_id")) for r in chunk])
         if seg.buffered >= ROW_GROUP_EVENTS:
             seg.flush_row_group()
     try:

@@ -260,9 +260,10 @@ class SegmentWriter:
         flag = "true" if synced else "false"
         n = self._counter
         lines = []
-        if columns is not None:
-            col_kinds, col_walls, col_monos, col_fields = columns.kinds, columns.walls, columns.monos, columns.fields
-            columns.synced.extend([synced] * len(items))
+        col_kinds: list[str] = []
+        col_walls: list[int] = []
+        col_monos: list[int] = []
+        col_fields: list[dict[str, Any]] = []
         for kind, wall, mono, fields in items:
             k = kinds.get(kind) or dumps(str(kind))
             tail = "}"
@@ -291,6 +292,8 @@ class SegmentWriter:
                 col_monos.append(mono_us)
                 col_fields.append(fields)
             n += 1
+        if columns is not None:
+            columns.add(col_kinds, col_walls, col_monos, synced, col_fields)
         return "".join(lines).encode()
 
     def _expand(self, kind: str, fields: dict[str, Any]) -> None:
