@@ -88,8 +88,9 @@ def enable_ssh(keys: bytes, home: Path, unit: str) -> None:
     _install(keys, home / ".ssh" / "authorized_keys", 0o600, 0, 0)
     if unit:
         # --no-block: this runs inside the boot transaction; sshd starts once its own ordering allows.
+        # SYSTEMCTL_SKIP_SYSV: Debian's systemctl would also run update-rc.d on /etc/rc?.d, outside our sandbox.
         proc = subprocess.run(["systemctl", "enable", "--now", "--no-block", unit], capture_output=True, text=True,
-                              check=False)
+                              env={**os.environ, "SYSTEMCTL_SKIP_SYSV": "1"}, check=False)
         if proc.returncode != 0:
             raise BundleError(f"systemctl enable --now {unit}: {proc.stderr.strip()}")
 
@@ -111,13 +112,15 @@ def apply(bundle: Path, etc: Path, user: str, ssh_home: Path = Path("/root"), ss
     for rel in index["files"]:
         data = (bundle / rel).read_bytes()
         if rel == SSH_KEYS:
-            enable_ssh(data, ssh_home, ssh_unit)
-        elif PurePosixPath(rel).parts[0] == SECRETS:
+            continue  # after the appliance's own files, below
+        if PurePosixPath(rel).parts[0] == SECRETS:
             _install(data, etc / rel, 0o600, uid, gid)  # secrets: the broker's user only
         elif rel.endswith(".crt"):
             _install(data, etc / rel, 0o644, 0, root_gid)  # public certificates
         else:
             _install(data, etc / rel, 0o640, 0, gid)  # config and ACL: root writes, the broker reads
+    if SSH_KEYS in index["files"]:
+        enable_ssh((bundle / SSH_KEYS).read_bytes(), ssh_home, ssh_unit)  # a failure leaves the bundle for a retry
     record = {"applied_at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
               "device_id": index.get("device_id"), "hostname": index.get("hostname"), "cluster": index.get("cluster"),
               "ssh": SSH_KEYS in index["files"],

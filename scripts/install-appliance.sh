@@ -92,6 +92,8 @@ systemd-sysusers /usr/lib/sysusers.d/appliance.conf
 getent passwd appliance >/dev/null || die "systemd-sysusers did not create the appliance user"
 install -d -m 0750 -o root -g appliance /etc/appliance
 install -d -m 0700 -o appliance -g appliance /etc/appliance/secrets
+# First boot may install root's authorized_keys here (its sandbox can only make an existing path writable).
+install -d -m 0700 -o root -g root /root/.ssh
 unit_dir=/usr/lib/systemd/system
 for unit in appliance.service appliance-upload.service appliance-upload.timer appliance-firstboot.service; do
   sed "s#/opt/appliance/#$prefix/#g" "$units_src/$unit" >"$unit_dir/$unit.tmp"

@@ -3,6 +3,7 @@ reaches READY, enforces provisioned auth, logs structured fields to journald, an
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -14,14 +15,16 @@ from provisioning.cli import main as provision
 
 from .chroot import bookworm_tree, in_chroot, install_appliance
 
-PACKAGES = ("linux-image-amd64,initramfs-tools,systemd-sysv,udev,kmod,iproute2,"
+PACKAGES = ("linux-image-amd64,initramfs-tools,systemd-sysv,udev,kmod,iproute2,openssh-server,"
             "python3,python3-venv,python3-systemd,python3-wsproto,python3-cffi")
 QEMU = "qemu-system-x86_64"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFkLQ3mFq1cQ0bD2JbJ9S0xqv8c0S4Hj0d3a0bKq9vJr operator\n"
 # The shipped WatchdogSec=30 would make the test wait half a minute; the drop-in only shortens it.
 WATCHDOG_DROPIN = "[Service]\nWatchdogSec=4\n"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1800),  # a cold cache builds the Debian tree first (minutes on 2 shared cores)
     pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mmdebstrap") or not shutil.which(QEMU),
                        reason="needs root, mmdebstrap and qemu-system-x86"),
 ]
@@ -40,6 +43,10 @@ say "status=$(systemctl show -p StatusText --value appliance.service)"
 say "restarts=$(systemctl show -p NRestarts --value appliance.service)"
 say "user=$(stat -c %U "/proc/$(systemctl show -p MainPID --value appliance.service)")"
 say "key=$(stat -c '%U:%a' /etc/appliance/secrets/node.key)"
+for i in $(seq 1 60); do [ "$(systemctl is-active ssh.service)" = active ] && break; sleep 1; done
+say "ssh=$(systemctl is-enabled ssh.service)/$(systemctl is-active ssh.service)"
+say "ssh_keys=$(stat -c '%U:%a' /root/.ssh/authorized_keys):$(sha256sum </root/.ssh/authorized_keys | cut -c1-16)"
+say "port22=$(ss -Hltn 'sport = :22' | wc -l)"
 /opt/appliance/bin/python - <<'PY'
 import socket, struct
 pw = open("/root/admin.pw").read().strip().encode()
@@ -66,6 +73,7 @@ say "after_pid=$(systemctl show -p MainPID --value appliance.service)"
 say "after_restarts=$(systemctl show -p NRestarts --value appliance.service)"
 journalctl -u appliance.service -o cat --no-pager | grep -q 'Watchdog timeout' && say "watchdog_fired=yes"
 systemctl --failed --no-legend --plain | sed 's/^/PROBE failed /'
+journalctl -u appliance-firstboot.service -o cat --no-pager | sed 's/^/PROBE firstboot_log /'
 say done
 systemctl poweroff
 """
@@ -92,8 +100,12 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     assert proc.returncode == 0, proc.stderr
     shutil.rmtree(root / "tmp" / "ia")
     # Provisioned like a device: the bundle where the SD card's boot partition is mounted.
-    (work / "fleet.csv").write_text("device_id,hostname,cluster,options\nvm-1,vm-node-1,lab,\n")
-    assert provision(["--inventory", str(work / "fleet.csv"), "--out", str(work / "out")]) == 0
+    # ssh is off in the tree (as in the image); provisioning with ssh=yes is what turns it on.
+    subprocess.run(["systemctl", f"--root={root}", "--quiet", "disable", "ssh.service", "ssh.socket"], check=True)
+    (work / "ops.pub").write_text(SSH_KEY)
+    (work / "fleet.csv").write_text("device_id,hostname,cluster,options\nvm-1,vm-node-1,lab,ssh=yes\n")
+    assert provision(["--inventory", str(work / "fleet.csv"), "--out", str(work / "out"),
+                      "--ssh-authorized-keys", str(work / "ops.pub")]) == 0
     (root / "boot/firmware").mkdir(parents=True, exist_ok=True)
     shutil.copytree(work / "out/bundles/vm-1", root / "boot/firmware/appliance")
     admin = next(line.split(":", 1)[1] for line in (work / "out/ca/lab/mqtt-users.txt").read_text().splitlines()
@@ -133,9 +145,17 @@ def one(report: dict[str, list[str]], key: str) -> str:
 
 
 def test_first_boot_applied_the_bundle_and_removed_it(probe: dict[str, list[str]]) -> None:
-    assert one(probe, "firstboot") == "active"
+    assert one(probe, "firstboot") == "active", "\n".join(probe.get("firstboot_log", []))
     assert one(probe, "bundle_dir") == "gone"
     assert one(probe, "key") == "appliance:600"
+
+
+def test_ssh_enabled_by_provisioning(probe: dict[str, list[str]]) -> None:
+    """Off in the tree, on after first boot because the bundle asked for it, with exactly the operator's key."""
+    assert one(probe, "ssh") == "enabled/active"
+    digest = hashlib.sha256(SSH_KEY.encode()).hexdigest()[:16]
+    assert one(probe, "ssh_keys") == f"root:600:{digest}"
+    assert one(probe, "port22") != "0"
 
 
 def test_hardened_broker_reaches_ready_as_its_own_user(probe: dict[str, list[str]]) -> None:

@@ -19,6 +19,7 @@ UNITS = ["appliance.service", "appliance-upload.service", "appliance-upload.time
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1800),  # a cold cache builds the Debian tree first (minutes on 2 shared cores)
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mmdebstrap") is None, reason="needs root and mmdebstrap"),
 ]
 
@@ -50,6 +51,8 @@ def test_venv_user_directories(installed: Path) -> None:
     secrets = (root / "etc/appliance/secrets").stat()
     assert (stat.S_IMODE(secrets.st_mode), secrets.st_uid) == (0o700, int(user[2]))
     assert os.readlink(root / "usr/local/bin/appliance") == "/opt/appliance/bin/appliance"
+    ssh_dir = (root / "root/.ssh").stat()  # where first boot may put authorized_keys (ssh=yes)
+    assert (stat.S_IMODE(ssh_dir.st_mode), ssh_dir.st_uid) == (0o700, 0)
 
 
 def test_units_installed_enabled_and_verify_clean_in_place(installed: Path) -> None:
