@@ -417,11 +417,8 @@ class Broker:
         reached, routed = self.router.route(message)
         persisted = persisted or routed
         if cluster is not None:
-            if packet.retain:
-                cluster.retained_changed(message)
-            remote = cluster.route_remote(message)
-            reached += remote
-            persisted = persisted or bool(remote)
+            remote = cluster.route_remote(message)  # also replicates a retained message (or its clearing)
+            reached, persisted = reached + remote, persisted or bool(remote)
         if qos == 0:
             return
         if qos == 2:
@@ -586,8 +583,6 @@ class Broker:
             self.router.retain(message)
         self.router.route(message)
         if self.cluster is not None:
-            if retain:
-                self.cluster.retained_changed(message)
             self.cluster.route_remote(message)
 
     def publish_sys(self, topic: str, payload: bytes) -> None:

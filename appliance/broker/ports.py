@@ -80,7 +80,8 @@ class ClusterPort(Protocol):
 
     def publish_refusal(self, message: Message) -> int | None: ...  # reason code when the netsplit policy refuses
 
-    def route_remote(self, message: Message) -> int: ...  # forward to nodes with matching subscribers; sessions reached
+    def route_remote(self, message: Message) -> int: ...  # forward to nodes with matching subscribers (and replicate
+    # the message as retained when its RETAIN flag is set, an empty payload clearing it); returns sessions reached
 
     def subscribe_refusal(self) -> int | None: ...  # reason code for every filter of a SUBSCRIBE (netsplit policy)
 
@@ -89,5 +90,3 @@ class ClusterPort(Protocol):
     def session_changed(self, record: SessionRecord) -> None: ...  # a session here was created / (un)subscribed
 
     def session_removed(self, client_id: str) -> None: ...  # a session here ended
-
-    def retained_changed(self, message: Message) -> None: ...  # a retained message was set (or cleared: empty payload)

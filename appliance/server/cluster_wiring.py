@@ -185,6 +185,8 @@ class ClusterWiring(SessionMigration):
 
     def route_remote(self, message: Message) -> int:
         """Forward to every node with a matching subscriber (point to point); return the sessions reached."""
+        if message.retain:
+            self.retained_changed(message)
         reached = 0
         for node, clients in self._targets(message).items():
             self._forward(node, message, tuple(clients))
