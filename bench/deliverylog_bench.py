@@ -239,30 +239,33 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str) -> tup
             (cpu1[1] - cpu0[1]) / delivered)
 
 
-def broker_ratio(rounds: int, duration: float, mode: str, fmt: str) -> None:
-    """Our broker's QoS1 delivered rate and CPU per message with delivery logging on vs off (alternating)."""
+def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ...]) -> None:
+    """Our broker's QoS1 delivered rate and CPU per message, logging off and on in each format, interleaved."""
     import statistics
 
-    on: list[tuple[float, float, float]] = []
-    off: list[tuple[float, float, float]] = []
-    per_msg = []
+    configs: list[str | None] = [None, *formats]
+    runs: dict[str | None, list[tuple[float, float, float]]] = {c: [] for c in configs}
+    per_msg: dict[str, list[float]] = {f: [] for f in formats}
     for r in range(rounds):
-        for logging_on in ((True, False) if r % 2 else (False, True)):
-            rate, delivered, size, cpu_broker, cpu_tree = _broker_round(logging_on, duration, mode, fmt)
-            (on if logging_on else off).append((rate, cpu_broker, cpu_tree))
-            if logging_on:
-                per_msg.append(size / max(delivered, 1))
+        for fmt in configs[r % len(configs):] + configs[: r % len(configs)]:  # rotate the order each round
+            rate, delivered, size, cpu_broker, cpu_tree = _broker_round(fmt is not None, duration, mode, fmt or "")
+            runs[fmt].append((rate, cpu_broker, cpu_tree))
+            if fmt is not None:
+                per_msg[fmt].append(size / max(delivered, 1))
 
     def med(rows: list[tuple[float, float, float]], i: int) -> float:
         return statistics.median(row[i] for row in rows)
 
-    print(f"[{fmt}, writer in a {mode}] broker QoS1 delivered rate: off {med(off, 0):.0f} msg/s "
-          f"{sorted(round(x[0]) for x in off)}, on {med(on, 0):.0f} msg/s {sorted(round(x[0]) for x in on)}, "
-          f"wall ratio {med(on, 0) / med(off, 0):.2f}")
-    print(f"  CPU per delivered message: broker off {med(off, 1) * 1e6:.1f} µs, on {med(on, 1) * 1e6:.1f} µs "
-          f"(ratio {med(off, 1) / med(on, 1):.2f}); broker + writer child off {med(off, 2) * 1e6:.1f} µs, "
-          f"on {med(on, 2) * 1e6:.1f} µs (ratio {med(off, 2) / med(on, 2):.2f})")
-    print(f"  log bytes per delivered message ({fmt} segments): {statistics.median(per_msg):.1f} B {per_msg}")
+    off = runs[None]
+    print(f"[writer in a {mode}, {rounds} rounds of {duration:.0f} s] logging off: {med(off, 0):.0f} msg/s "
+          f"{sorted(round(x[0]) for x in off)}, broker CPU {med(off, 1) * 1e6:.1f} µs/message")
+    for fmt in formats:
+        on = runs[fmt]
+        print(f"  {fmt}: {med(on, 0):.0f} msg/s {sorted(round(x[0]) for x in on)}, wall ratio "
+              f"{med(on, 0) / med(off, 0):.2f}; CPU per delivered message: broker {med(on, 1) * 1e6:.1f} µs "
+              f"(ratio {med(off, 1) / med(on, 1):.2f}), broker + writer child {med(on, 2) * 1e6:.1f} µs "
+              f"(ratio {med(off, 2) / med(on, 2):.2f}); log {statistics.median(per_msg[fmt]):.1f} B/message "
+              f"{[round(x, 1) for x in per_msg[fmt]]}")
 
 
 def main() -> None:
@@ -281,8 +284,7 @@ def main() -> None:
     args = ap.parse_args()
     formats = FORMATS if args.format == "both" else (args.format,)
     if args.broker_rounds:
-        for fmt in formats:
-            broker_ratio(args.broker_rounds, args.duration, args.mode, fmt)
+        broker_ratio(args.broker_rounds, args.duration, args.mode, formats)
         return
     n = args.messages
     print(f"NullEventSink: {null_cost(n):.2f} µs CPU per message (4 emits)")

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from appliance.deliverylog import DeliveryLog, read_segments  # noqa: E402
-from appliance.deliverylog.upload import main as upload  # noqa: E402
+from appliance.deliverylog import DeliveryLog, read_segments
+from appliance.deliverylog.upload import main as upload
 
-from .conftest import BOOT  # noqa: E402
+from .conftest import BOOT
 
 pytestmark = pytest.mark.spark
 
@@ -36,9 +36,10 @@ def spark() -> Iterator[Any]:
 
 
 def _device_log(directory, device: str, fmt: str, messages: int) -> None:
-    """One node's log of QoS1 messages through the real writer, closed into several segments."""
-    log = DeliveryLog(str(directory), fleet="fleet-1", device=device, node=f"node-{device}", firmware="1.2.3", boot_id=BOOT,
-                      clock_synced=True, format=fmt, segment_bytes=4096, budget_bytes=1 << 30, strict=True)
+    """One node's log of QoS1 messages through the real writer, closed."""
+    log = DeliveryLog(str(directory), fleet="fleet-1", device=device, node=f"node-{device}", firmware="1.2.3",
+                      boot_id=BOOT, clock_synced=True, format=fmt, segment_bytes=4096, budget_bytes=1 << 30,
+                      strict=True)
     log.emit("node_start")
     for i in range(messages):
         msg_id = f"{device}:{i}"
