@@ -117,7 +117,11 @@ class LocalNode(Nodes):
         config = node_config(workdir / "node0.toml", deliverylog)
         self.broker = BrokerProcess("ours", "127.0.0.1", free_port(), data, workdir / "node0.log",
                                     ("--config", str(config), "--node-name", "node0", "--metrics", ""))
-        self.broker.start()
+        try:
+            self.broker.start()
+        except BaseException:  # interrupted while waiting for the port: never leave the process behind
+            self.broker.kill()
+            raise
 
     def addresses(self) -> list[str]:
         return [f"127.0.0.1:{self.broker.port}"]

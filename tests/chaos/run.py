@@ -11,6 +11,7 @@ import contextlib
 import json
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -199,8 +200,14 @@ def run_many(configs: list[RunConfig], out: Path, keep: bool = False, say: Any =
     return totals
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so every run's finally block stops its nodes and clients."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run many chaos runs; print one line each and the totals; exit 1 if any failed."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     p = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--nodes", type=int, default=1, choices=(1, 3, 4, 5))
