@@ -20,10 +20,11 @@ stage_configure() {
   cp "$WHEELHOUSE"/*.whl "$ROOT$bundle/wheels/"
   cp -r "$REPO/scripts" "$REPO/systemd" "$ROOT$bundle/"
   log "scripts/install-appliance.sh in the arm64 chroot (qemu-user)"
-  in_chroot "$ROOT" /bin/sh "$bundle/scripts/install-appliance.sh" \
+  if ! in_chroot "$ROOT" /bin/sh "$bundle/scripts/install-appliance.sh" \
     --wheel "$bundle/$(basename "$APPLIANCE_WHEEL")" --wheelhouse "$bundle/wheels" --prefix "$APPLIANCE_PREFIX" 2>&1 |
-    sed -u 's/^/    /' >&2
-  [ "${PIPESTATUS[0]}" = 0 ] || die "install-appliance.sh failed in the chroot"
+    sed -u 's/^/    /' >&2; then
+    die "scripts/install-appliance.sh failed in the chroot"
+  fi
   rm -rf "${ROOT:?}$bundle"
 
   apply_sdcard_settings
