@@ -220,7 +220,7 @@ class Broker:
                 props.server_keep_alive = keepalive  # [MQTT-3.2.2-21]
         connack = Connack(session_present, ReasonCode.SUCCESS, props)
         if self.cluster is not None:
-            self.cluster.session_changed(record)  # this node now owns the session cluster-wide
+            self.cluster.session_changed(record, connected=True)  # this node now owns the session cluster-wide
         if session.store is not None:
             self.store.save_session(record)
             self.store.after_commit(self._accept, session, link, connack)

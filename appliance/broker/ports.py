@@ -87,6 +87,6 @@ class ClusterPort(Protocol):
 
     def unsubscribe_refusal(self) -> int | None: ...  # reason code for an UNSUBSCRIBE (netsplit policy)
 
-    def session_changed(self, record: SessionRecord) -> None: ...  # a session here was created / (un)subscribed
+    def session_changed(self, record: SessionRecord, connected: bool = False) -> None: ...  # CONNECT / (un)subscribe
 
     def session_removed(self, client_id: str) -> None: ...  # a session here ended

@@ -315,7 +315,8 @@ class PeerLinks:
             writer.close()
             return
         conn = _Connection(self, reader, writer, initiator=False, expected_peer=None)
-        await self._spawn(conn.async_run())
+        with contextlib.suppress(asyncio.CancelledError):  # async_stop cancels it: not an error of the server
+            await self._spawn(conn.async_run())
 
     async def _async_open(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Open a TCP (or mutual-TLS) connection to a peer; a peer whose certificate fails is logged."""

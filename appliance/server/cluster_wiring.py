@@ -140,6 +140,20 @@ class ClusterWiring(SessionMigration):
         await self.service.async_start()
         self._schedule_rebalance()
 
+    async def async_settle(self) -> None:
+        """Before clients are served: a node that restarts with sessions gets a bounded moment (2 x failure_timeout)
+        to link up and exchange digests, so it does not serve a session another node took over meanwhile."""
+        broker = self.broker
+        if broker is None or not broker.sessions:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.c["failure_timeout"]
+        while loop.time() < deadline and not self.svc.links.up_peers():
+            await asyncio.sleep(0.05)
+        if self.svc.links.up_peers():
+            await asyncio.sleep(min(1.0, self.c["failure_timeout"]))  # digests answered, repairs applied
+        log.info("cluster view settled: %d peers up", len(self.svc.links.up_peers()))
+
     async def async_stop(self) -> None:
         """Goodbye to peers and mDNS."""
         if self.service is not None:
@@ -221,14 +235,20 @@ class ClusterWiring(SessionMigration):
         """allow_unsubscribe = false: refuse while a known node is down."""
         return self._refusal_while_split(self.c["allow_unsubscribe"])
 
-    def session_changed(self, record: SessionRecord) -> None:
-        """Claim the session cluster-wide with its current subscriptions."""
+    def session_changed(self, record: SessionRecord, connected: bool = False) -> None:
+        """Claim the session cluster-wide with its current subscriptions. Every CONNECT is a new claim (the latest
+        connection wins after a split); one that did not fetch the session from its previous owner or a replica is
+        FRESH, so a node whose claim it beats hands over its whole queue (late or duplicated, never lost)."""
         cid = record.client_id
         current = self.claims.get(cid)
-        mine = current is not None and current.owner == self.node_id
-        origin = self._origin.pop(cid, current.origin if mine and current is not None else FRESH)
-        claim = SessionClaim(self.node_id, current.epoch if mine and current is not None else self.clock(), origin,
-                             record.expiry_interval > 0, dict(record.subscriptions))
+        mine = current is not None and current.owner == self.node_id and not connected
+        if connected:
+            origin, epoch = self._origin.pop(cid, FRESH), self.clock()
+        elif mine and current is not None:
+            origin, epoch = current.origin, current.epoch
+        else:
+            origin, epoch = FRESH, self.clock()
+        claim = SessionClaim(self.node_id, epoch, origin, record.expiry_interval > 0, dict(record.subscriptions))
         if claim != current:
             self.svc.put(SESSIONS, cid, encode_claim(claim))
 

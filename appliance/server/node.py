@@ -147,13 +147,17 @@ class Node:
         queued = sum(len(q) for q in snapshot.queues.values())
         log.info("recovered %d sessions, %d queued messages, %d retained", len(snapshot.sessions), queued,
                  len(snapshot.retained))
+        if self.cluster is not None:
+            try:
+                await self.cluster.async_start()
+            except OSError as exc:
+                raise NodeError(f"cluster.bind: {exc.strerror or exc}", EXIT_LISTEN) from None
+            await self.cluster.async_settle()
         try:
             self._servers = await async_start_listeners(self.config, self.loop, lambda: ClientProtocol(self))
             metrics_bind = self.config.get("metrics", "http")
             if metrics_bind:
                 self._servers.append(await async_start_metrics(self, metrics_bind))
-            if self.cluster is not None:
-                await self.cluster.async_start()
         except OSError as exc:
             raise NodeError(f"listener: {exc.strerror or exc}", EXIT_LISTEN) from None
         self._spawn(self._async_every(1.0, self._tick), "tick")
