@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import select
 import signal
@@ -13,7 +12,7 @@ from dataclasses import asdict
 
 from .identity import Identity, clock_sync_probe
 from .segments import write_all
-from .worker import FrameReader, send
+from .worker import FrameReader, send, unpack
 from .writer import DeliveryLogError, Limits, SegmentWriter
 
 TICK_S = 0.2
@@ -65,7 +64,7 @@ def main() -> int:
     except BrokenPipeError:  # the parent died while we answered: write what it sent, close the segment cleanly
         while (frame := reader.read()) is not None:
             if frame[0] == b"B":
-                writer.write(marshal.loads(frame[1]))
+                writer.write(unpack(frame[1]))
         writer.close()
         return 0
 
@@ -87,7 +86,7 @@ def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
             return 0
         kind, payload = frame
         if kind == b"B":
-            writer.write(marshal.loads(payload))
+            writer.write(unpack(payload))
         elif kind == b"L":
             reason, events = json.loads(payload)
             writer.record_loss(reason, events)

@@ -5,13 +5,24 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import repeat, starmap
 from typing import Any
 
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
 from .worker import WriterProcess
-from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Item, Limits, SegmentWriter, WriterStats
+from .writer import FULL_MESSAGE_KINDS, ITEM_LEN, DeliveryLogError, Limits, SegmentWriter, WriterStats
+
+_time_ns = time.time_ns
+_mono_ns = time.monotonic_ns
+
+
+def _message_tuple(msg: Any) -> tuple[Any, ...]:
+    """A Message's schema values (msg_id, publisher, topic, qos, retain, payload size, user properties)."""
+    props = getattr(msg, "properties", None)
+    user = props.user_properties if props is not None else None
+    return (msg.msg_id, msg.publisher, msg.topic, msg.qos, msg.retain, len(msg.payload), tuple(user) if user else ())
 
 
 class DeliveryLog:
@@ -60,7 +71,6 @@ class DeliveryLog:
             level=gzip_level if gzip_level is not None else (1 if format == "parquet" else 6),
         )
         self.identity = identity
-        self._seq_property = seq_property
         self._writer: SegmentWriter | WriterProcess
         if process:  # JSON and gzip in a child process: the broker's GIL only sees emit() and marshal
             if callable(clock_synced):
@@ -68,8 +78,8 @@ class DeliveryLog:
             self._writer = WriterProcess(directory, identity, limits, clock_synced, seq_property)
         else:
             self._writer = SegmentWriter(directory, identity, limits, probe, seq_property)
-        self._queue: deque[Item] = deque()
-        self._append = self._queue.append
+        self._queue: deque[Any] = deque()
+        self._extend = self._queue.extend
         self._interval = flush_interval_s
         self._max_backlog = max_backlog
         self._wake = threading.Event()
@@ -85,70 +95,46 @@ class DeliveryLog:
         self._thread = threading.Thread(target=self._run, name="deliverylog-writer", daemon=True)
         self._thread.start()
 
-    def emit(self, kind: str, **fields: Any) -> None:
-        """Record one event; both clocks are taken now, JSON and gzip happen elsewhere.
+    def emit(self, kind: str, message: Any = None, **fields: Any) -> None:
+        """Record one event; both clocks are taken now, field expansion, JSON and gzip happen elsewhere.
 
-        A `message=` Message is reduced to plain fields here, so the queue holds no object the GC must trace.
+        A `message=` Message is reduced here to its msg_id, or for FULL_MESSAGE_KINDS (a message's first event) to a
+        tuple of plain values, so the queue keeps no broker object alive. The event goes to the queue as four flat
+        entries in one C call: none of them is a container the garbage collector must trace (bar that tuple).
         """
-        msg = fields.pop("message", None)
-        if msg is not None:
+        if message is not None:
             if kind in FULL_MESSAGE_KINDS:
-                self._message_fields(msg, fields)
+                fields["message"] = _message_tuple(message)
             elif "msg_id" not in fields:
-                fields["msg_id"] = msg.msg_id
-        self._append((kind, time.time_ns(), time.monotonic_ns(), fields))
+                fields["msg_id"] = message.msg_id
+        self._extend((kind, _time_ns(), _mono_ns(), fields))
 
-    def _message_fields(self, msg: Any, fields: dict[str, Any]) -> None:
-        """Add a Message's schema fields to `fields` (explicitly passed ones win)."""
-        fields.setdefault("msg_id", msg.msg_id)
-        if msg.publisher:
-            fields.setdefault("publisher", msg.publisher)
-        fields.setdefault("topic", msg.topic)
-        fields.setdefault("qos", msg.qos)
-        fields.setdefault("retain", msg.retain)
-        fields.setdefault("payload_size", len(msg.payload))
-        props = getattr(msg, "properties", None)
-        if props is not None and props.user_properties and "publisher_seq" not in fields:
-            name = self._seq_property
-            for key, value in props.user_properties:
-                if key == name:
-                    try:
-                        seq = int(value)
-                    except ValueError:
-                        break
-                    if -(2**63) <= seq < 2**63:
-                        fields["publisher_seq"] = seq
-                    break
-
-    def _emit_strict(self, kind: str, **fields: Any) -> None:
+    def _emit_strict(self, kind: str, message: Any = None, **fields: Any) -> None:
         """emit() that first checks the kind and every field against the schema (for tests)."""
         if kind not in KIND_SET:
             raise ValueError(f"unknown delivery-log event kind {kind!r}")
+        if message is not None and not hasattr(message, "msg_id"):
+            raise ValueError(f"{kind}: message= must be a broker Message, got {type(message).__name__}")
         for name, value in fields.items():
-            if name == "message":
-                if not hasattr(value, "msg_id"):
-                    raise ValueError(f"{kind}: message= must be a broker Message, got {type(value).__name__}")
-                continue
             if name not in EMIT_FIELDS:
                 raise ValueError(f"{kind}: field {name!r} is not an emit field of schema v1")
             problem = field_problem(name, value)
             if problem:
                 raise ValueError(f"{kind}: {problem}")
-        DeliveryLog.emit(self, kind, **fields)
+        DeliveryLog.emit(self, kind, message, **fields)
 
     # -- writer thread -----------------------------------------------------------------------------------------
 
-    def _drain(self) -> list[Item]:
-        """Take every queued event, oldest first (safe against concurrent appends)."""
+    def _drain(self) -> list[Any]:
+        """Take every queued event, oldest first, as a flat [kind, wall, mono, fields, ...] list (one C call)."""
         queue = self._queue
-        n = len(queue)
-        pop = queue.popleft
-        items = [pop() for _ in range(n)]
+        n = len(queue) // ITEM_LEN  # emit() extends by whole events atomically
+        flat = list(starmap(queue.popleft, repeat((), n * ITEM_LEN)))
         if n > self._max_backlog:
             lost = n - self._max_backlog
             self._writer.record_loss("backlog", lost)
-            items = items[lost:]
-        return items
+            del flat[: lost * ITEM_LEN]
+        return flat
 
     def _run(self) -> None:
         """Write batches until closed; on a writer failure keep the error for flush/close and stop queueing."""
@@ -161,12 +147,12 @@ class DeliveryLog:
                     target = self._requested
                     closing = self._closing
                     rotate, self._rotate_wanted = self._rotate_wanted, False
-                writer.write(self._drain())
+                writer.write_flat(self._drain())
                 writer.tick()
                 if rotate:
                     writer.rotate()
                 if closing:
-                    writer.write(self._drain())
+                    writer.write_flat(self._drain())
                     writer.close()
                 elif target > self._completed:
                     writer.sync()
@@ -176,14 +162,14 @@ class DeliveryLog:
                 if closing:
                     return
         except BaseException as exc:  # the error is re-raised to whoever flushes or closes next
-            self._append = self._discard
+            self._extend = self._discard
             self._queue.clear()
             with self._done:
                 self._error = exc
                 self._completed = 1 << 62
                 self._done.notify_all()
 
-    def _discard(self, item: Item) -> None:
+    def _discard(self, item: Iterable[Any]) -> None:
         """emit() after close() or a writer failure: count, do not queue (memory stays bounded)."""
         self.discarded += 1
 
@@ -219,7 +205,7 @@ class DeliveryLog:
             self._closing = True
         self._request(timeout)
         self._thread.join(timeout)
-        self._append = self._discard  # late emits (a racing callback) are counted, never queued forever
+        self._extend = self._discard  # late emits (a racing callback) are counted, never queued forever
 
     def stats(self) -> WriterStats:
         """The writer's counters (events, bytes, segments, evictions, losses, recovered parts)."""
@@ -228,7 +214,7 @@ class DeliveryLog:
     @property
     def backlog(self) -> int:
         """Events emitted but not yet handed to the writer."""
-        return len(self._queue)
+        return len(self._queue) // ITEM_LEN
 
     def __enter__(self) -> DeliveryLog:
         return self

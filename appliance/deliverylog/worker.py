@@ -1,8 +1,9 @@
 """The segment writer in a child process: the broker only marshals batches down a pipe, no GIL shared with JSON/gzip.
 
-Frames on the pipes are `<type byte><u32 length><payload>`. Parent -> child: S(etup JSON), B(atch, marshal),
-L(oss JSON), F(lush), R(otate), C(lose). Child -> parent: A(ck, stats JSON) or E(rror text). The child ignores
-SIGTERM/SIGINT and exits on EOF after closing its segment, so a killed or stopping broker loses nothing it sent.
+Frames on the pipes are `<type byte><u32 length><payload>`. Parent -> child: S(etup JSON),
+B(atch: marshal of a flat [kind, wall, mono, fields, ...] list), L(oss JSON), F(lush), R(otate), C(lose).
+Child -> parent: A(ck, stats JSON) or E(rror text). The child ignores SIGTERM/SIGINT and exits on EOF after closing
+its segment, so a killed or stopping broker loses nothing it sent.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from dataclasses import asdict
 from typing import Any
 
 from .identity import Identity
-from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Item, Limits, WriterStats, message_tuple
+from .writer import (
+    FULL_MESSAGE_KINDS,
+    ITEM_LEN,
+    DeliveryLogError,
+    Item,
+    Limits,
+    WriterStats,
+    items_of,
+    message_tuple,
+)
 
 _HEAD = struct.Struct("!cI")
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
@@ -72,19 +82,32 @@ def _plain_value(value: Any) -> Any:
     return str(value)
 
 
-def pack(items: list[Item]) -> bytes:
-    """Marshal a batch (emit() left only builtin values; anything else takes the slow path)."""
+def pack(flat: list[Any]) -> bytes:
+    """Marshal a flat batch [kind, wall, mono, fields, ...] in one call (non-builtin values take the slow path)."""
     try:
-        return marshal.dumps(items, 4)
+        return marshal.dumps(flat, 4)
     except ValueError:  # an enum, a Message or another non-builtin value somewhere
-        clean = []
-        for kind, wall, mono, fields in items:
+        clean: list[Any] = []
+        for kind, wall, mono, fields in items_of(flat):
             msg = fields.pop("message", None)
             plain = {str(n): _plain_value(v) for n, v in fields.items()}
             if msg is not None:
-                plain["message"] = message_tuple(msg, full=kind in FULL_MESSAGE_KINDS)
-            clean.append((str(kind), wall, mono, plain))
+                plain["message"] = _plain_message(msg, kind)
+            clean += (str(kind), wall, mono, plain)
         return marshal.dumps(clean, 4)
+
+
+def unpack(payload: bytes) -> list[Item]:
+    """The events of a packed batch."""
+    return items_of(marshal.loads(payload))
+
+
+def _plain_message(msg: Any, kind: str) -> tuple[Any, ...]:
+    """A message= value (a Message or its tuple) as a tuple of builtin values."""
+    if type(msg) is not tuple:
+        msg = message_tuple(msg, full=kind in FULL_MESSAGE_KINDS)
+    head = tuple(_plain_value(v) for v in msg[:6])
+    return (*head, tuple((str(k), str(v)) for k, v in msg[6]))
 
 
 class WriterProcess:
@@ -143,12 +166,16 @@ class WriterProcess:
             self.restarts += 1
             self._spawn()  # recovers the open segment the dead child left
             if kind == b"B":
-                self.record_loss("writer_restart", len(marshal.loads(payload)))
+                self.record_loss("writer_restart", len(marshal.loads(payload)) // ITEM_LEN)
 
     def write(self, items: list[Item]) -> None:
         """Hand a batch to the child."""
-        if items:
-            self._call(b"B", pack(items))
+        self.write_flat([entry for item in items for entry in item])
+
+    def write_flat(self, flat: list[Any]) -> None:
+        """Hand a flat batch [kind, wall, mono, fields, ...] to the child: one marshal call, one pipe write."""
+        if flat:
+            self._call(b"B", pack(flat))
 
     def record_loss(self, reason: str, events: int) -> None:
         """Have the child record a log_evicted for events lost before reaching it."""

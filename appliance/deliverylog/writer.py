@@ -38,6 +38,7 @@ from .segments import (
 )
 
 Item = tuple[str, int, int, dict[str, Any]]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fields (taken at emit time)
+ITEM_LEN = 4  # entries per event in a flat batch [kind, wall, mono, fields, kind, ...]
 
 COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
 # Kinds whose records carry all of a message's fields when the broker passes message=; others carry only msg_id.
@@ -115,6 +116,12 @@ class WriterStats:
     bad_fields: int = 0  # fields outside the schema (or, in Parquet, values its type cannot hold), dropped
     parquet_failures: int = 0  # segments closed as jsonl.gz because their Parquet file could not be written
     recovered: list[str] = field(default_factory=list)
+
+
+def items_of(flat: list[Any]) -> list[Item]:
+    """The events of a flat batch [kind, wall, mono, fields, ...] as Items."""
+    it = iter(flat)
+    return list(zip(it, it, it, it, strict=False))
 
 
 def message_tuple(msg: Any, full: bool) -> tuple[Any, ...]:
@@ -247,6 +254,10 @@ class SegmentWriter:
             self._write_chunk(pending, synced_now)
         for start in range(0, len(items), CHUNK_EVENTS):
             self._write_chunk(items[start : start + CHUNK_EVENTS], synced)
+
+    def write_flat(self, flat: list[Any]) -> None:
+        """write() for a flat batch [kind, wall, mono, fields, ...]."""
+        self.write(items_of(flat))
 
     def record_loss(self, reason: str, events: int) -> None:
         """Queue a log_evicted record for `events` events lost before reaching the writer."""
