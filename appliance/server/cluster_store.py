@@ -180,12 +180,15 @@ class ClusterStore:
         self._op(client_id, OP_DROP)
 
     def save_subscription(self, client_id: str, topic_filter: str, options: SubscriptionOptions) -> None:
-        """Write one subscription (the record op carries it to replicas)."""
+        """Write one subscription; replicas get the record with its subscriptions (a resumed session must match
+        the messages forwarded to it before its client subscribes again)."""
         self.inner.save_subscription(client_id, topic_filter, options)
+        self._op(client_id, OP_SESSION, None, True)
 
     def delete_subscription(self, client_id: str, topic_filter: str) -> None:
-        """Delete one subscription."""
+        """Delete one subscription; replicas get the record."""
         self.inner.delete_subscription(client_id, topic_filter)
+        self._op(client_id, OP_SESSION, None, True)
 
     def enqueue(self, client_id: str, delivery: Delivery) -> None:
         """Write a queue row; replicate it synchronously (the next ack waits for the replicas)."""
