@@ -102,9 +102,10 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
     problems: list[str] = []
     faults: Counter[str] = Counter()
     workload: dict[str, Any] = {}
-    nodes = make_nodes(config, workdir)
+    nodes: Nodes | None = None
     proc = None
     try:
+        nodes = make_nodes(config, workdir)
         spec = Spec(nodes=nodes.addresses(), out=str(workdir / "clients"), seed=config.seed,
                     traffic_s=config.traffic_s, drain_s=config.drain_s, rate=config.rate,
                     qos1_publishers=config.qos1_publishers, qos2_publishers=config.qos2_publishers,
@@ -138,13 +139,14 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        with contextlib.suppress(Exception):
-            nodes.shutdown()
-        problems += nodes.problems()
-        for name, text in nodes.log_texts().items():
-            (workdir / "logs").mkdir(exist_ok=True)
-            (workdir / "logs" / name).write_text(text)
-        nodes.close()
+        if nodes is not None:
+            with contextlib.suppress(Exception):
+                nodes.shutdown()
+            problems += nodes.problems()
+            for name, text in nodes.log_texts().items():
+                (workdir / "logs").mkdir(exist_ok=True)
+                (workdir / "logs" / name).write_text(text)
+            nodes.close()
     history = workdir / "clients" / "history.jsonl"
     result = check(read_history(history)) if history.exists() else Result()
     if not history.exists():
