@@ -109,7 +109,7 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
                            window_end_us, grace_us)
         facts.write.mode("overwrite").partitionBy("fleet", "date").parquet(f"{out}/fate")
         fate.ingress_drops(msgs).write.mode("overwrite").parquet(f"{out}/ingress_drops")
-    fates = spark.read.parquet(f"{out}/fate")
+    fates = spark.read.schema(facts.schema).parquet(f"{out}/fate")  # schema given: an empty table still reads
     with step("analyze: ordering"):
         arr = ordering.arrivals(fates)
         ordering.late_deliveries(arr).write.mode("overwrite").parquet(f"{out}/late")
@@ -118,7 +118,7 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
     with step("analyze: latency"):
         lat = latency.hop_latencies(fates, latency.forwards(timed))
         lat.write.mode("overwrite").partitionBy("fleet", "hop").parquet(f"{out}/latency")
-        lat = spark.read.parquet(f"{out}/latency")
+        lat = spark.read.schema(lat.schema).parquet(f"{out}/latency")
         latency.latency_summary(lat).write.mode("overwrite").parquet(f"{out}/latency_summary")
         latency.latency_histogram(lat).write.mode("overwrite").parquet(f"{out}/latency_hist")
     with step("analyze: roll-ups and incidents"):

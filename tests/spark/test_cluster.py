@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1800)]
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 
