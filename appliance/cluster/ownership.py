@@ -174,6 +174,7 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
         seq = r.uint()
         copy.queue[seq] = data
         copy.last = seq
+        copy.record.next_seq = max(copy.record.next_seq, seq + 1)  # the freshest copy has seen the latest enqueue
     elif op == OP_UPDATE:
         seq, state, pid = decode_update(data)
         if seq in copy.queue:

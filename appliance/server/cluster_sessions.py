@@ -171,7 +171,8 @@ class SessionMigration:
         if cid in (self.broker.sessions if self.broker else {}):
             return ReasonCode.SUCCESS
         if candidates:
-            best = max(candidates, key=lambda c: (c.epoch, c.version))
+            best = max(candidates, key=lambda c: (c.epoch, max([c.record.next_seq, *(s + 1 for s in c.queue)]),
+                                                  c.version))
             assert self.broker is not None
             queue = best.deliveries()
             self._origin[cid] = FROM_REPLICA

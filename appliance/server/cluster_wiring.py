@@ -359,7 +359,7 @@ class ClusterWiring(SessionMigration):
         onward: dict[str, list[str]] = {}
         for cid in missing:
             claim = self.claims.get(cid)
-            if claim is not None and claim.owner not in (self.node_id, peer):
+            if claim is not None and claim.owner != self.node_id:  # the sender itself, if it took the client over
                 onward.setdefault(claim.owner, []).append(cid)
         for node, clients in onward.items():
             self._forward(node, fwd.message, tuple(clients))
