@@ -265,3 +265,25 @@ def test_a_broker_message_is_expanded_into_schema_fields(make_log, tmp_path):
     assert dropped["msg_id"] == "n1:78" and "publisher" not in dropped and "publisher_seq" not in dropped
     with pytest.raises(ValueError, match="must be a broker Message"):
         make_log(directory=tmp_path / "other", strict=True).emit("received", message="n1:1")
+
+
+def test_queued_events_keep_no_broker_object_alive(make_log, tmp_path):
+    import gc
+
+    from appliance.broker.model import Message
+    from appliance.protocol.packets import Properties
+
+    props = Properties(user_properties=[("seq", "7")])
+    message = Message("n1:90", "plant/t", b"xy", 1, False, "pub-1", 0.0, properties=props)
+    log = make_log(flush_interval_s=30.0)
+    log.emit("received", message=message, publisher_packet_id=9)
+    log.emit("delivered", message=message, subscriber="s", qos=1, attempt=1, dup=False)
+    assert log.backlog == 2
+    queued = list(log._queue)
+    assert not [r for r in gc.get_referents(*queued) if r is message or r is props or r is props.user_properties]
+    tracked = [entry for entry in queued if gc.is_tracked(entry)]  # only the received event's fields hold a container
+    assert tracked == [queued[3]] and isinstance(queued[3]["message"], tuple)
+    log.close()
+    received, delivered = _raw(tmp_path / "log")
+    assert (received["msg_id"], received["publisher_seq"], received["payload_size"]) == ("n1:90", 7, 2)
+    assert (delivered["msg_id"], delivered["subscriber"], "topic" in delivered) == ("n1:90", "s", False)
