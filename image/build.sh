@@ -20,7 +20,7 @@ usage: image/build.sh [--out DIR] [--cache DIR] [--no-compress] [--rebuild-rootf
   --rebuild-rootfs  ignore a cached rootfs for the current inputs and build it again
   --keep-work       keep DIR/work (the root tree and partition files) after the build
 
-environment: SOURCE_DATE_EPOCH (default: commit time of HEAD), XZ_LEVEL (default 6), PYTHON_WHEEL_PIP
+environment: SOURCE_DATE_EPOCH (default: commit time of HEAD), XZ_LEVEL (default 3), PYTHON_WHEEL_PIP
 EOF
 }
 

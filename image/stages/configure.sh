@@ -28,6 +28,10 @@ stage_configure() {
   rm -rf "${ROOT:?}$bundle"
 
   apply_sdcard_settings
+  # raspi-firmware's hook rewrites cmdline.txt from /etc/default (now with raspi-extra-cmdline's "ro"): root is
+  # mounted read-only by the initrd, checked by systemd-fsck-root, then remounted rw from fstab.
+  in_chroot "$ROOT" env DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmware
+  grep -q ' ro *$' "$ROOT/boot/firmware/cmdline.txt" || die "cmdline.txt does not end in ro: $(cat "$ROOT/boot/firmware/cmdline.txt")"
   rm -rf "${ROOT:?}"/tmp/* "$ROOT"/var/tmp/* "$ROOT"/root/.cache "$ROOT"/var/cache/apt/*.bin
   find "$ROOT/var/log" -type f \( -name '*.log' -o -name 'lastlog' -o -name 'faillog' \) -size +0 -delete 2>/dev/null || true
 

@@ -54,8 +54,8 @@ EOF
 
   rm -f "$img.xz" "$img.xz.sha256"
   if [ "$COMPRESS" = 1 ]; then
-    log "compressing $total_mib MiB with xz -${XZ_LEVEL:-6} (the slow part of a cached rebuild)"
-    xz -T2 "-${XZ_LEVEL:-6}" --block-size=64MiB -k -c "$img" >"$img.xz.part"
+    log "compressing $total_mib MiB with xz -${XZ_LEVEL:-3} (the slow part of a cached rebuild)"
+    xz -T2 "-${XZ_LEVEL:-3}" --block-size=64MiB -k -c "$img" >"$img.xz.part"
     mv "$img.xz.part" "$img.xz"
     touch --date="@$SOURCE_DATE_EPOCH" "$img.xz"
     (cd "$OUT" && sha256sum "$IMAGE_NAME.img.xz" >"$IMAGE_NAME.img.xz.sha256")

@@ -64,7 +64,12 @@ def _require_tools() -> None:
 def built_image() -> Image:
     """Build the image once per session with image/build.sh (reusing image/cache) and return it."""
     _require_tools()
-    env = dict(os.environ, XZ_LEVEL=os.environ.get("IMAGE_TEST_XZ_LEVEL", "6"))
+    prebuilt = os.environ.get("IMAGE_TEST_PREBUILT")  # developer shortcut: inspect/boot an existing build's out dir
+    if prebuilt:
+        out = Path(prebuilt)
+        info = json.loads((out / "build-info.json").read_text())
+        return Image(out=out, img=out / info["image"], info=info)
+    env = dict(os.environ, XZ_LEVEL=os.environ.get("IMAGE_TEST_XZ_LEVEL", "3"))
     OUT.mkdir(parents=True, exist_ok=True)
     log = OUT / "build.log"  # progress lines while it runs: tail -f image/out/pytest/build.log
     with log.open("w") as f:

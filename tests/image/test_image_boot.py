@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.image, pytest.mark.slow,
               pytest.mark.timeout(BUILD_TIMEOUT + BOOT_TIMEOUT + POWEROFF_TIMEOUT + 600)]
 
 READY = re.compile(r"Started appliance\.service")
-FAILED = re.compile(r"\[FAILED\]|Failed to start|Kernel panic|end Kernel panic|You are in emergency mode")
+FAILED = re.compile(r"\[FAILED\]|Failed to start|Dependency failed|Kernel panic|You are in emergency mode")
 MQTT_TOPIC = "fleet/qemu-1/roundtrip"
 
 
@@ -168,6 +168,7 @@ def test_image_boots_to_a_serving_broker(built_image: Image, tmp_path: Path) -> 
     password = provision(disk, tmp_path)
     card = Image(out=tmp_path, img=disk, info={})
     guest = Guest(disk, card.extract_partition(1, tmp_path / "boot.vfat"), tmp_path)
+    OUT.mkdir(parents=True, exist_ok=True)
     guest.start()
     try:
         ready_s = guest.wait_for(READY, BOOT_TIMEOUT)

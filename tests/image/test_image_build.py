@@ -62,6 +62,7 @@ def test_boot_partition_holds_firmware_kernel_initrd_and_pi_config(built_image: 
     assert "arm_64bit=1" in config and f"kernel={kernels[0]}" in config and f"initramfs {initrds[0]}" in config
     cmdline = run(["mtype", "-i", str(boot), "::/cmdline.txt"], env=env).stdout
     assert "root=LABEL=RASPIROOT" in cmdline and "console=ttyS1,115200" in cmdline
+    assert cmdline.split()[-1] == "ro", "root must be mounted read-only first so that systemd-fsck-root checks it"
     assert "cma=" not in cmdline  # headless, and a cma= breaks the Pi 4
 
 
