@@ -306,6 +306,8 @@ class ClusterWiring(SessionMigration):
             return
         self.claims[cid] = claim
         if claim.owner == self.node_id:
+            if not restoring and old is not None and old.owner != self.node_id:
+                self._retarget(cid, old.owner, self.node_id)  # our buffered forwards to its old node: deliver here
             return
         for topic_filter, options in claim.subscriptions.items():
             self.remote_tree.add(cid, topic_filter, options)
@@ -343,7 +345,8 @@ class ClusterWiring(SessionMigration):
                 self.inner.kv_delete(f"fwd/{old}", _key(fwd.seq))
             if new == self.node_id:
                 assert self.broker is not None
-                deliver_forwarded(self.broker, fwd.message, fwd.clients)
+                missing = deliver_forwarded(self.broker, fwd.message, fwd.clients)[0]
+                self._onward(fwd.message, missing)  # the other clients it named still go to their owners
             else:
                 self._forward(new, fwd.message, fwd.clients)
             for waiter in waiters:
@@ -356,13 +359,7 @@ class ClusterWiring(SessionMigration):
         assert broker is not None
         self.store.begin_own_acks()
         missing, _persisted = deliver_forwarded(broker, fwd.message, fwd.clients)
-        onward: dict[str, list[str]] = {}
-        for cid in missing:
-            claim = self.claims.get(cid)
-            if claim is not None and claim.owner != self.node_id:  # the sender itself, if it took the client over
-                onward.setdefault(claim.owner, []).append(cid)
-        for node, clients in onward.items():
-            self._forward(node, fwd.message, tuple(clients))
+        self._onward(fwd.message, missing)
         self.inner.set_meta(f"cluster.fwd.{peer}", str(fwd.seq))
         self.store.after_own_acks(self._forward_committed, peer, fwd.seq)
 
@@ -389,6 +386,17 @@ class ClusterWiring(SessionMigration):
         due, self._acks_due = self._acks_due, {}
         for (peer, _replica), ack in due.items():
             self.svc.send(peer, ack)
+
+    def _onward(self, message: Message, clients: list[str]) -> None:
+        """Forward a message to the current owners of clients that are not here (the sender too, if it took one
+        over)."""
+        onward: dict[str, list[str]] = {}
+        for cid in clients:
+            claim = self.claims.get(cid)
+            if claim is not None and claim.owner != self.node_id:
+                onward.setdefault(claim.owner, []).append(cid)
+        for node, named in onward.items():
+            self._forward(node, message, tuple(named))
 
     def _on_forward_released(self, peer: str, released: list[Forward]) -> None:
         """The peer acked: drop the forwards from the durable in-transit buffer."""
