@@ -68,6 +68,7 @@ class ClientProtocol(asyncio.Protocol):
                     if key == "commonName":
                         self.cert_identity = value
         self.node.connections.add(self)
+        self.node.flow.admit(self)
 
     def data_received(self, data: bytes) -> None:
         """Decode and apply every complete packet."""
@@ -110,21 +111,30 @@ class ClientProtocol(asyncio.Protocol):
         """Detach from the session: will and expiry rules apply."""
         self.closed = True
         self.node.connections.discard(self)
+        self.node.flow.drained(self)
         if self.session is not None and self.node.store.failure is None:  # after a store failure: only exit
             self.node.broker.connection_lost(self.session, self)
 
     def pause_reading(self) -> None:
-        """Stop reading from this client (shutdown)."""
-        if self.transport is not None and not self.closed:
+        """Stop reading from this client (shutdown, or another client's congestion)."""
+        if self.transport is not None and not self.closed and self._pending_in is None:
             self.transport.pause_reading()
 
+    def resume_reading(self) -> None:
+        """Read again; the pause does not count against the client's keep alive."""
+        if self.transport is not None and not self.closed and self._pending_in is None:
+            self.last_rx = self._loop.time()
+            self.transport.resume_reading()
+
     def pause_writing(self) -> None:
-        """The transport buffer is above its high-water mark."""
+        """The transport buffer is above its high-water mark: hold the publishers back (flow control)."""
         self._paused_writing = True
+        self.node.flow.congested(self)
 
     def resume_writing(self) -> None:
         """The transport buffer drained."""
         self._paused_writing = False
+        self.node.flow.drained(self)
 
     # -- CONNECT and authentication ------------------------------------------------------------------------------
     def _on_connect(self, packet: Connect) -> None:
@@ -205,7 +215,7 @@ class ClientProtocol(asyncio.Protocol):
         """Encode and queue one PUBLISH; False when it exceeds the client's Maximum Packet Size."""
         if self.closed or self.conn.closed:  # e.g. PUBACKs read together with a DISCONNECT refill the window
             return True  # the session keeps it inflight; it is resent on the next connection
-        if qos == 0 and self._paused_writing:
+        if qos == 0 and self._paused_writing and self.node.flow.is_slow(self):
             self.node.broker.metrics.drop("slow_consumer")
             return True
         v5 = self.protocol_version == MQTT_5

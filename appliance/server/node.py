@@ -23,6 +23,7 @@ from appliance.store import SqliteStore, StoreError
 from .client import ClientProtocol
 from .cluster_wiring import ClusterWiring
 from .config import Config, ConfigError
+from .flow import FlowControl
 from .listeners import async_start_listeners
 from .metrics_http import async_start_metrics
 from .sys_topics import publish_sys
@@ -57,6 +58,7 @@ class Node:
         self.clock = time.time
         self.loop = asyncio.get_running_loop()
         self.connections: set[ClientProtocol] = set()
+        self.flow = FlowControl(self.loop, self.connections)  # type: ignore[arg-type]
         self.started = time.monotonic()
         self.exit_code = EXIT_OK
         self._stop = asyncio.Event()
@@ -250,6 +252,7 @@ class Node:
 
     def _tick(self) -> None:
         self.broker.tick()
+        self.flow.tick()
         now = self.loop.time()
         for conn in list(self.connections):
             if conn.session is None:
