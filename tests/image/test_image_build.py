@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(BUILD_TIM
 MIB = 1024 * 1024
 UNITS_ON = {
     "multi-user.target.wants": ["appliance.service", "appliance-firstboot.service", "appliance-growroot.service",
-                                "appliance-ssh.service", "systemd-networkd.service", "systemd-resolved.service"],
+                                "appliance-ssh.service", "systemd-networkd.service"],
     "timers.target.wants": ["appliance-upload.timer"],
-    "sysinit.target.wants": ["systemd-timesyncd.service"],
+    "sysinit.target.wants": ["systemd-timesyncd.service", "systemd-resolved.service"],
 }
 
 
