@@ -126,7 +126,8 @@ def test_tls_with_client_certificate_identity(tmp_path: Path) -> None:
     tls_port = free_port()
     conf = tmp_path / "a.toml"
     conf.write_text(
-        f'[listener]\ntls = "127.0.0.1:{tls_port}"\ncertfile = "{pki["server_cert"]}"\nkeyfile = "{pki["server_key"]}"\n'
+        f'[listener]\ntls = "127.0.0.1:{tls_port}"\ncertfile = "{pki["server_cert"]}"\n'
+        f'keyfile = "{pki["server_key"]}"\n'
         f'cafile = "{pki["ca"]}"\nrequire_client_cert = true\nuse_identity_as_username = true\n'
         f'[auth]\nallow_anonymous = false\n'
     )
