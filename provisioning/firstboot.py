@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
+from provisioning.files import fsync_dir
+
 INDEX = "bundle.json"
 SECRETS = "secrets"
 SSH_KEYS = "ssh/authorized_keys"  # not installed under etc: root's authorized_keys, and sshd gets enabled
@@ -69,19 +71,6 @@ def _ensure_dir(path: Path, mode: int, uid: int, gid: int) -> None:
     os.chmod(path, mode)
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # vfat may refuse directory fsync; os.sync() below covers it
-    finally:
-        os.close(fd)
-
-
 def enable_ssh(keys: bytes, home: Path, unit: str) -> None:
     """Install root's authorized_keys (0600) and enable + start `unit` (empty: keys only, e.g. in a chroot)."""
     _ensure_dir(home / ".ssh", 0o700, 0, 0)
@@ -126,8 +115,8 @@ def apply(bundle: Path, etc: Path, user: str, ssh_home: Path = Path("/root"), ss
               "ssh": SSH_KEYS in index["files"],
               "files": {rel: meta["sha256"] for rel, meta in index["files"].items()}}
     _install((json.dumps(record, indent=2) + "\n").encode(), etc / RECORD, 0o644, 0, root_gid)
-    _fsync_dir(etc / SECRETS)
-    _fsync_dir(etc)
+    fsync_dir(etc / SECRETS)
+    fsync_dir(etc)
     os.sync()  # the installed copy is durable before the only other copy is destroyed
     wipe(bundle, index)
     return record
@@ -145,7 +134,7 @@ def wipe(bundle: Path, index: dict) -> None:
         except OSError:
             pass
     shutil.rmtree(bundle)
-    _fsync_dir(bundle.parent)
+    fsync_dir(bundle.parent)
     os.sync()
 
 

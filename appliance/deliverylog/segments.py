@@ -98,15 +98,20 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Replace `path` with `data` so a crash leaves either the old or the new content."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_synced(path: str, data: bytes) -> None:
+    """Create or truncate `path`, write all of `data` and fsync it (the first half of every atomic write here)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace `path` with `data` so a crash leaves either the old or the new content."""
+    tmp = path + ".tmp"
+    write_synced(tmp, data)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
 
@@ -265,12 +270,7 @@ def recover_part(directory: str, part_name: str, level: int = 6, fmt: str = "jso
 def atomic_write_as(path: str, data: bytes) -> None:
     """Write `data` to a temporary file, fsync it, and rename it to `path` (a new name, never half-written)."""
     tmp = path + ".recover"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(tmp, data)
     os.rename(tmp, path)
 
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from .segments import PARQUET, closed_segments, fsync_dir, write_all
+from .segments import PARQUET, closed_segments, fsync_dir, write_synced
 
 _PERMANENT_S3 = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidBucketName"}
 
@@ -73,12 +73,7 @@ class DirTarget:
         tmp = path + ".uploading"
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_synced(tmp, data)
             os.replace(tmp, path)
             fsync_dir(os.path.dirname(path))
         except OSError as exc:
