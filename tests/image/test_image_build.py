@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.image.conftest import BUILD_TIMEOUT, REPO, Image, run
+from tests.image.conftest import BUILD_TIMEOUT, CACHE, REPO, Image, run
 
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT + 900)]
 
@@ -129,7 +129,8 @@ def test_rebuild_from_the_same_inputs_gives_the_same_root_tree(built_image: Imag
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(built_image.info["source_date_epoch"]))
     log = tmp_path / "build.log"
     with log.open("w") as f:
-        proc = subprocess.run([str(REPO / "image" / "build.sh"), "--out", str(out), "--no-compress"], cwd=REPO, env=env,
+        proc = subprocess.run([str(REPO / "image" / "build.sh"), "--out", str(out), "--cache", str(CACHE),
+                               "--no-compress"], cwd=REPO, env=env,
                               stdout=f, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, check=False)
     assert proc.returncode == 0, log.read_text()[-4000:]
     first = (built_image.out / "root-tree.list").read_text().splitlines()
