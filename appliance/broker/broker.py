@@ -414,11 +414,13 @@ class Broker:
         if events is not None:
             events.emit("received", message=message, publisher_packet_id=pid)
         persisted = packet.retain and self.router.retain(message)
-        reached, routed = self.router.route(message)
-        persisted = persisted or routed
-        if cluster is not None:
-            remote = cluster.route_remote(message)  # also replicates a retained message (or its clearing)
-            reached, persisted = reached + remote, persisted or bool(remote)
+        if cluster is None:
+            reached, persisted_here, _ = self.router.route(message)
+            persisted = persisted or persisted_here
+        else:
+            reached, persisted_here, chosen = self.router.route(message, cluster.remote_shared(topic))
+            remote = cluster.route_remote(message, chosen)  # also replicates a retained message (or its clearing)
+            reached, persisted = reached + remote, persisted or persisted_here or bool(remote)
         if qos == 0:
             return
         if qos == 2:
@@ -581,9 +583,12 @@ class Broker:
         )
         if retain:
             self.router.retain(message)
-        self.router.route(message)
-        if self.cluster is not None:
-            self.cluster.route_remote(message)
+        cluster = self.cluster
+        if cluster is None:
+            self.router.route(message)
+        else:
+            _reached, _persisted, chosen = self.router.route(message, cluster.remote_shared(topic))
+            cluster.route_remote(message, chosen)
 
     def publish_sys(self, topic: str, payload: bytes) -> None:
         """Publish a $SYS statistic: retained in memory only (it is regenerated after a restart)."""

@@ -80,8 +80,13 @@ class ClusterPort(Protocol):
 
     def publish_refusal(self, message: Message) -> int | None: ...  # reason code when the netsplit policy refuses
 
-    def route_remote(self, message: Message) -> int: ...  # forward to nodes with matching subscribers (and replicate
-    # the message as retained when its RETAIN flag is set, an empty payload clearing it); returns sessions reached
+    def remote_shared(self, topic: str) -> list[tuple[str, str, dict[str, bool]]]: ...  # shared groups with members
+    # on other nodes matching a topic: (group, filter, {client id: its node is reachable}); the router picks one
+    # member per group across the cluster
+
+    def route_remote(self, message: Message, shared: list[str]) -> int: ...  # forward to nodes with matching plain
+    # subscribers and to the shared-group members the router chose there (and replicate the message as retained
+    # when its RETAIN flag is set, an empty payload clearing it); returns sessions reached
 
     def subscribe_refusal(self) -> int | None: ...  # reason code for every filter of a SUBSCRIBE (netsplit policy)
 

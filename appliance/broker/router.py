@@ -13,6 +13,9 @@ from .session import Session
 from .settings import BrokerSettings
 from .topictree import TopicTree, split_shared
 
+# Shared groups of other nodes that match a topic: (group, filter, {client id: its node is reachable}).
+RemoteShared = list[tuple[str, str, dict[str, bool]]] | tuple[()]
+
 
 class Router:
     """Owns the subscription tree and the retained set; delivers messages into sessions."""
@@ -63,21 +66,31 @@ class Router:
         return found
 
     # -- publish fan-out -----------------------------------------------------------------------------------------
-    def route(self, message: Message) -> tuple[int, bool]:
-        """Deliver to every matching session; returns (number of sessions reached, whether anything was persisted)."""
+    def route(self, message: Message, remote_shared: RemoteShared = ()) -> tuple[int, bool, list[str]]:
+        """Deliver to every matching session; returns (sessions reached here, whether anything was persisted, the
+        members of other nodes that shared groups chose: the cluster forwards to those)."""
         match = self.tree.match(message.topic)
-        if not match.subscribers and not match.shared:
-            return 0, False
+        if not match.subscribers and not match.shared and not remote_shared:
+            return 0, False, []
         targets: dict[str, tuple[int, bool, list[int], str]] = {}
         publisher = message.publisher
         for client_id, topic_filter, options in match.subscribers:
             if options.no_local and client_id == publisher:  # [MQTT-3.8.3-3]
                 continue
             self._aggregate(targets, client_id, topic_filter, options, message)
+        chosen_remote: list[str] = []
+        remote_groups = {(group, topic_filter): members for group, topic_filter, members in remote_shared}
         for group, topic_filter, members in match.shared:
-            chosen = self._pick_member(group, topic_filter, members)
-            if chosen is not None:
+            remote = remote_groups.pop((group, topic_filter), None)
+            chosen = self._pick_member(group, topic_filter, members, remote)
+            if chosen in members:
                 self._aggregate(targets, chosen, f"$share/{group}/{topic_filter}", members[chosen], message)
+            elif chosen is not None:
+                chosen_remote.append(chosen)
+        for (group, topic_filter), remote in remote_groups.items():  # groups with no member on this node
+            chosen = self._pick_member(group, topic_filter, {}, remote)
+            if chosen is not None:
+                chosen_remote.append(chosen)
         persisted = False
         reached = 0
         for client_id, (qos, retain, sub_ids, topic_filter) in targets.items():
@@ -87,7 +100,7 @@ class Router:
             reached += 1
             if self.deliver(session, message, qos, retain, sub_ids, topic_filter):
                 persisted = True
-        return reached, persisted
+        return reached, persisted, chosen_remote
 
     @staticmethod
     def _aggregate(
@@ -109,9 +122,18 @@ class Router:
             topic_filter = previous[3]
         targets[client_id] = (qos, retain, sub_ids, topic_filter)
 
-    def _pick_member(self, group: str, topic_filter: str, members: dict[str, SubscriptionOptions]) -> str | None:
-        """Round-robin over online members; a persistent offline member queues when none is online [MQTT-4.8.2]."""
-        names = sorted(members)
+    def _pick_member(
+        self,
+        group: str,
+        topic_filter: str,
+        members: dict[str, SubscriptionOptions],
+        remote: dict[str, bool] | None = None,
+    ) -> str | None:
+        """Round-robin over the group's online members, here and on reachable nodes; with none online, a persistent
+        member here queues it, else a member on an unreachable node (its forward waits in the in-transit buffer)
+        [MQTT-4.8.2]."""
+        remote = remote or {}
+        names = sorted(members.keys() | remote.keys())
         if not names:
             return None
         key = (group, topic_filter)
@@ -119,14 +141,20 @@ class Router:
         fallback = None
         for i in range(len(names)):
             name = names[(start + i) % len(names)]
-            session = self.sessions.get(name)
-            if session is None:
+            session = self.sessions.get(name) if name in members else None
+            if session is not None:
+                online, persistent = session.online, session.persistent
+            elif name in members:
                 continue
-            if session.online:
+            else:
+                online, persistent = remote[name], False
+            if online:
                 self._share_cursor[key] = (start + i + 1) % len(names)
                 return name
-            if fallback is None and session.persistent:
+            if fallback is None and persistent:
                 fallback = name
+        if fallback is None and remote:
+            fallback = min(remote)
         return fallback
 
     def deliver(

@@ -197,12 +197,37 @@ class ClusterWiring(SessionMigration):
             return ReasonCode.QUOTA_EXCEEDED
         return None
 
-    def route_remote(self, message: Message) -> int:
-        """Forward to every node with a matching subscriber (point to point); return the sessions reached."""
+    def remote_shared(self, topic: str) -> list[tuple[str, str, dict[str, bool]]]:
+        """Shared groups with members owned by other nodes that match `topic`, each with its node's reachability."""
+        match = self.remote_tree.match(topic)
+        if not match.shared:
+            return []
+        links = self.svc.links
+        groups = []
+        for group, topic_filter, members in match.shared:
+            reachable = {}
+            for client_id in members:
+                claim = self.claims.get(client_id)
+                if claim is not None and claim.owner != self.node_id:
+                    reachable[client_id] = links.is_up(claim.owner)
+            if reachable:
+                groups.append((group, topic_filter, reachable))
+        return groups
+
+    def route_remote(self, message: Message, shared: list[str]) -> int:
+        """Forward to every node with a matching subscriber or a chosen shared-group member (point to point); return
+        the sessions reached."""
         if message.retain:
             self.retained_changed(message)
+        targets = self._targets(message)
+        for client_id in shared:
+            claim = self.claims.get(client_id)
+            if claim is not None and claim.owner != self.node_id:
+                clients = targets.setdefault(claim.owner, [])
+                if client_id not in clients:
+                    clients.append(client_id)
         reached = 0
-        for node, clients in self._targets(message).items():
+        for node, clients in targets.items():
             self._forward(node, message, tuple(clients))
             reached += len(clients)
         return reached
