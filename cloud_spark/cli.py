@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=7)
     g.add_argument("--bad-records", type=int, default=0, help="bad records per quarantine reason to add")
     g.add_argument("--reuploads", type=int, default=0, help="segments to upload twice")
+    g.add_argument("--format", choices=("parquet", "jsonl"), default="parquet",
+                   help="segment format: Parquet (default, as the appliance closes segments) or gzip JSON Lines")
 
     for name, text in (("ingest", "segments -> events + quarantine"), ("run", "ingest, analyze and report")):
         s = sub.add_parser(name, help=text)
@@ -33,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("out", help="output root for the tables")
         s.add_argument("--fleet", action="append", help="only this fleet (repeatable)")
         s.add_argument("--date", action="append", help="only this date YYYY-MM-DD (repeatable)")
-        s.add_argument("--parquet", action="store_true", help="also read *.parquet segments")
+        s.add_argument("--parquet", action="store_true",
+                       help="accepted for old command lines: *.parquet and *.jsonl.gz are always both read")
     for s in (sub.choices["run"], sub.add_parser("analyze", help="events -> tables + summary.json")):
         if s.prog.endswith("analyze"):
             s.add_argument("out")
@@ -59,13 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: object
         if args.job == "ingest":
-            result = jobs.ingest_job(spark, args.src, args.out, args.fleet, args.date, parquet=args.parquet)
+            result = jobs.ingest_job(spark, args.src, args.out, args.fleet, args.date)
         elif args.job == "analyze":
             result = jobs.analyze_job(spark, args.out, args.window_end_us, int(args.grace_s * 1e6))
         elif args.job == "report":
             result = str(report.render(spark, args.out, args.report_dir or f"{args.out}/report"))
         else:
-            stats = jobs.ingest_job(spark, args.src, args.out, args.fleet, args.date, parquet=args.parquet)
+            stats = jobs.ingest_job(spark, args.src, args.out, args.fleet, args.date)
             result = jobs.analyze_job(spark, args.out, args.window_end_us, int(args.grace_s * 1e6), stats)
             with jobs.step("report"):
                 report.render(spark, args.out, args.report_dir or f"{args.out}/report")
@@ -91,7 +94,7 @@ def _generate(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
 
     try:
-        result = generate(spec, args.out, progress=progress)
+        result = generate(spec, args.out, progress=progress, fmt=args.format)
         if args.bad_records or args.reuploads:
             result = {**result, "upload_faults": inject_upload_faults(args.out, args.bad_records, args.reuploads)}
     except (OSError, ValueError) as exc:

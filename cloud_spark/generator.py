@@ -1,7 +1,8 @@
 """Synthetic fleet generator: delivery logs with injected faults whose exact counts go into a manifest.
 
-Vectorised with numpy and Arrow (no JVM): each device's messages are arrays, each event kind a column-wise JSON build,
-one process per core; 10M events take about a minute per core.
+Vectorised with numpy and Arrow (no JVM): each device's messages are arrays, each event kind a column-wise Arrow batch
+(Parquet segments, the default, as the appliance's delivery log closes them) or JSON build (gzip JSON Lines),
+one process per core.
 Every device runs one broker node with one publisher; each message has two intended subscribers, one on the same
 node and one on the next device of the fleet (reached by forwarding). Faults are placed at fixed residues of 50-message
 blocks, chosen per block by a seeded hash, so they never overlap and each one's effect on the report is known.
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 BLOCK = 50
 # residue within a block -> fault; the two messages after a reordered one are always clean, so its displacement is 2.
@@ -31,6 +33,17 @@ FIRMWARES = ("1.4.0", "1.4.2", "1.5.0")
 CLOCK_SKEW_US = -3 * 86_400_000_000  # a Pi without RTC boots three days in the past until NTP syncs
 EVENTS_PER_MESSAGE = 14  # without faults, with client logs and a remote subscriber
 GZIP_LEVEL = 1
+FORMATS = ("parquet", "jsonl")
+# schema v1 as Arrow types (cloud_spark.schema.V1 without importing Spark into the generator's worker processes)
+_V1_ARROW = pa.schema([
+    ("event_id", pa.string()), ("schema_version", pa.int32()), ("source", pa.string()), ("fleet", pa.string()),
+    ("device", pa.string()), ("node", pa.string()), ("firmware", pa.string()), ("boot_id", pa.string()),
+    ("ts_wall_us", pa.int64()), ("ts_mono_us", pa.int64()), ("clock_synced", pa.bool_()), ("kind", pa.string()),
+    ("msg_id", pa.string()), ("publisher", pa.string()), ("publisher_packet_id", pa.int32()),
+    ("publisher_seq", pa.int64()), ("topic", pa.string()), ("qos", pa.int32()), ("retain", pa.bool_()),
+    ("payload_size", pa.int32()), ("subscriber", pa.string()), ("filter", pa.string()), ("peer_node", pa.string()),
+    ("reason", pa.string()), ("dup", pa.bool_()), ("attempt", pa.int32()),
+])
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,8 @@ class FleetSpec:
         return FleetSpec(fleets=fleets, devices=devices, messages=per, **kw)  # type: ignore[arg-type]
 
 
+# (device, date) -> Arrow pieces of its segment: JSON line arrays or record batches
+Groups = dict[tuple[str, str], list[pa.Array | pa.RecordBatch]]
 FAULT_SALT = {name: i + 1 for i, name in enumerate((*RESIDUE, "sub"))}
 
 
@@ -134,7 +149,25 @@ def _lines(fields: list[tuple[str, object]]) -> pa.Array:
     return pc.binary_join_element_wise(*merged, "")
 
 
-def _device_events(spec: FleetSpec, f: int, d: int) -> tuple[dict[tuple[str, str], list[pa.Array]], dict[str, int]]:
+def _batch(fields: list[tuple[str, object]], n: int) -> pa.RecordBatch:
+    """One Arrow batch of n schema-v1 records from constant and per-row values (absent fields are null)."""
+    given = dict(fields)
+    cols = []
+    for fld in _V1_ARROW:
+        val = given.get(fld.name)
+        if val is None:
+            cols.append(pa.nulls(n, fld.type))
+        elif isinstance(val, tuple):  # a string made of constant and per-row parts
+            parts = [pa.array(p).cast(pa.string()) if isinstance(p, np.ndarray) else p for p in val]
+            cols.append(pc.binary_join_element_wise(*parts, ""))
+        elif isinstance(val, np.ndarray):
+            cols.append(pa.array(val).cast(fld.type))
+        else:
+            cols.append(pa.repeat(pa.scalar(val, fld.type), n))
+    return pa.RecordBatch.from_arrays(cols, schema=_V1_ARROW)
+
+
+def _device_events(spec: FleetSpec, f: int, d: int, fmt: str = "parquet") -> tuple[Groups, dict[str, int]]:
     """All events caused by device d's messages, by (device, date) they belong to, and the faults injected."""
     n = spec.messages
     a = _Device(spec, f, d)
@@ -154,9 +187,10 @@ def _device_events(spec: FleetSpec, f: int, d: int) -> tuple[dict[tuple[str, str
     pub = f"pub-{f:02d}-{d:03d}"
     subs = (f"sub-{f:02d}-{d:03d}-0", f"sub-{f:02d}-{pd:03d}-1")
     topic = f"fleet-{f:02d}/dev-{d:03d}/telemetry"
-    out: dict[tuple[str, str], list[pa.Array]] = {}
+    out: Groups = {}
 
-    def emit(device: str, at: np.ndarray, lines: pa.Array) -> None:
+    def emit(device: str, at: np.ndarray, fields: list[tuple[str, object]]) -> None:
+        lines = _batch(fields, len(at)) if fmt == "parquet" else _lines(fields)
         day = at // 86_400_000_000
         for dv in np.unique(day):
             date = time.strftime("%Y-%m-%d", time.gmtime(int(dv) * 86_400))
@@ -176,7 +210,7 @@ def _device_events(spec: FleetSpec, f: int, d: int) -> tuple[dict[tuple[str, str
             ("clock_synced", synced), ("kind", kind), ("msg_id", (f"{a.node}-", jj)), ("publisher", pub),
             ("publisher_seq", jj), ("topic", topic), ("qos", 1)]
         fields += [(k, v[idx] if isinstance(v, np.ndarray) else v) for k, v in extra.items()]
-        emit(side.device, tt, _lines(fields))
+        emit(side.device, tt, fields)
 
     def client(slot: int, kind: str, cid: str, dev: _Device, at: np.ndarray, cond: np.ndarray | bool,
                **extra: object) -> None:
@@ -193,7 +227,7 @@ def _device_events(spec: FleetSpec, f: int, d: int) -> tuple[dict[tuple[str, str
             ("boot_id", boot), ("ts_wall_us", tt), ("ts_mono_us", tt - (spec.start_us - 300_000_000)),
             ("clock_synced", True), ("kind", kind), ("publisher", pub), ("publisher_seq", jj), ("topic", topic),
             ("qos", 1), *extra.items()]
-        emit(dev.device, tt, _lines(fields))
+        emit(dev.device, tt, fields)
 
     def jitter(salt: int, lo: int, span: int) -> np.ndarray:
         return lo + (_mix(spec.seed, 1000 + salt, f, d, j) % np.uint64(span)).astype(np.int64)
@@ -241,10 +275,10 @@ def _incident_events(spec: FleetSpec, f: int, d: int) -> list[tuple[str, int, st
     return rows
 
 
-def _write_device(args: tuple[FleetSpec, int, int, str]) -> dict[str, int]:
+def _write_device(args: tuple[FleetSpec, int, int, str, str]) -> dict[str, int]:
     """Generate and write everything device (f, d)'s messages caused; one segment per target device and date."""
-    spec, f, d, out = args
-    groups, counts = _device_events(spec, f, d)
+    spec, f, d, out, fmt = args
+    groups, counts = _device_events(spec, f, d, fmt)
     dev = _Device(spec, f, d)
     for kind, at, suffix, peer, _ in _incident_events(spec, f, d):
         wall, mono, synced = dev.clock(np.array([at]))
@@ -253,12 +287,18 @@ def _write_device(args: tuple[FleetSpec, int, int, str]) -> dict[str, int]:
                "boot_id": dev.boot, "ts_wall_us": int(wall[0]), "ts_mono_us": int(mono[0]),
                "clock_synced": bool(synced[0]), "kind": kind, **({"peer_node": peer} if peer else {})}
         date = time.strftime("%Y-%m-%d", time.gmtime(at // 1_000_000))
-        groups.setdefault((dev.device, date), []).append(pa.array([json.dumps(rec) + "\n"]))
+        one = _batch(list(rec.items()), 1) if fmt == "parquet" else pa.array([json.dumps(rec) + "\n"])
+        groups.setdefault((dev.device, date), []).append(one)
     fleet = f"fleet-{f:02d}"
     for (device, date), arrays in groups.items():
         folder = Path(out, f"fleet={fleet}", f"date={date}", f"device={device}")
         folder.mkdir(parents=True, exist_ok=True)
-        joined = pa.concat_arrays(arrays)
+        if fmt == "parquet":
+            table = pa.Table.from_batches(arrays, schema=_V1_ARROW)  # type: ignore[arg-type]
+            pq.write_table(table, folder / f"seg-{dev.node}.parquet", compression="zstd", compression_level=1,
+                           row_group_size=1 << 20)
+            continue
+        joined = pa.concat_arrays(arrays)  # type: ignore[arg-type]
         offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset: joined.offset + len(joined) + 1]
         data = joined.buffers()[2].to_pybytes()[offsets[0]: offsets[-1]]
         with open(folder / f"seg-{dev.node}.jsonl.gz", "wb") as fh:
@@ -268,11 +308,16 @@ def _write_device(args: tuple[FleetSpec, int, int, str]) -> dict[str, int]:
 
 
 def generate(spec: FleetSpec, out: str, processes: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, object]:
-    """Write the synthetic fleet's segments under `out` and return (and store as _manifest.json) its manifest."""
+             progress: Callable[[int, int], None] | None = None, fmt: str = "parquet") -> dict[str, object]:
+    """Write the synthetic fleet's segments (`fmt`: parquet or jsonl) under `out`; returns the manifest.
+
+    The manifest is also stored as `out/_manifest.json`.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown segment format {fmt!r} (one of {', '.join(FORMATS)})")
     shutil.rmtree(out, ignore_errors=True)
     Path(out).mkdir(parents=True)
-    work = [(spec, f, d, out) for f in range(spec.fleets) for d in range(spec.devices)]
+    work = [(spec, f, d, out, fmt) for f in range(spec.fleets) for d in range(spec.devices)]
     procs = processes or min(len(work), os.cpu_count() or 1)
     totals: dict[str, int] = {k: 0 for k in (*RESIDUE, "events")}
     if procs <= 1:
@@ -329,11 +374,31 @@ BAD_LINES = {
 }
 
 
+def _segments(out: str) -> list[str]:
+    """Every segment under out (either format), largest first."""
+    found = [str(p) for suffix in ("*.parquet", "*.jsonl.gz") for p in Path(out).rglob(suffix)]
+    return sorted(found, key=lambda p: (-os.path.getsize(p), p))
+
+
+def _first_record(path: str) -> dict[str, object]:
+    if path.endswith(".parquet"):
+        row = pq.ParquetFile(path).read_row_group(0).slice(0, 1).to_pylist()[0]
+        return {k: v for k, v in row.items() if v is not None}
+    with gzip.open(path, "rt") as fh:
+        return dict(json.loads(fh.readline()))
+
+
+def _rows(path: str) -> int:
+    if path.endswith(".parquet"):
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    with gzip.open(path, "rt") as fh:
+        return sum(1 for _ in fh)
+
+
 def inject_upload_faults(out: str, bad_per_reason: int = 2, reuploads: int = 1) -> dict[str, int]:
-    """Add a segment of bad records (each reason `bad_per_reason` times) and re-upload copies of existing segments."""
-    segs = sorted((str(p) for p in Path(out).rglob("*.jsonl.gz")), key=lambda p: (-os.path.getsize(p), p))
-    with gzip.open(segs[0], "rt") as fh:
-        good = json.loads(fh.readline())
+    """Add a JSON Lines segment of bad records (each reason `bad_per_reason` times) and re-upload copies of segments."""
+    segs = _segments(out)
+    good = _first_record(segs[0])
     counts = {}
     lines = []
     for n, (reason, make) in enumerate(BAD_LINES.items()):
@@ -345,8 +410,8 @@ def inject_upload_faults(out: str, bad_per_reason: int = 2, reuploads: int = 1) 
         fh.write("\n".join(lines) + "\n")
     copied = 0
     for src in segs[:reuploads]:
-        dst = src[:-len(".jsonl.gz")] + "-reupload.jsonl.gz"
+        suffix = ".parquet" if src.endswith(".parquet") else ".jsonl.gz"
+        dst = src[:-len(suffix)] + "-reupload" + suffix
         shutil.copyfile(src, dst)
-        with gzip.open(dst, "rt") as fh:
-            copied += sum(1 for _ in fh)
+        copied += _rows(dst)
     return {"quarantined": counts, "duplicates": copied}

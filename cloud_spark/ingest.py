@@ -36,15 +36,14 @@ def parse_json_lines(raw: DataFrame, versions: Mapping[int, VersionSpec] = VERSI
 
 
 def typed_records(typed: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
-    """Bring already-typed records (Parquet segments) to parse_json_lines' shape, raw line rebuilt as JSON."""
+    """Bring already-typed records (Parquet segments) to parse_json_lines' shape; `value` is left null (see checks)."""
     schema = parse_schema(versions)
     cols = [(F.col(f.name) if f.name in typed.columns else F.lit(None)).cast(f.dataType).alias(f.name)
             for f in schema.fields]
     out = typed.select(*[F.col(c) for c in RAW_COLUMNS if c != "value" and c in typed.columns], *cols)
-    for c in RAW_COLUMNS[1:]:
+    for c in RAW_COLUMNS:
         if c not in out.columns:
             out = out.withColumn(c, F.lit(None).cast("string"))
-    out = out.withColumn("value", F.to_json(F.struct(*[F.col(f.name) for f in schema.fields])))
     return out.withColumn(CORRUPT, F.lit(None).cast("string")).select(*RAW_COLUMNS, *schema.fieldNames(), CORRUPT)
 
 
@@ -75,6 +74,18 @@ def _version_checks(spec: VersionSpec) -> Column:
     return _first_reason(checks)
 
 
+def _known_version_checks(versions: Mapping[int, VersionSpec]) -> Column:
+    """The first rule a parsed record breaks once it has a known schema_version, or null."""
+    per_version = F.lit(None).cast("string")
+    for v, spec in versions.items():
+        per_version = F.when(F.col("schema_version") == v, _version_checks(spec)).otherwise(per_version)
+    return per_version
+
+
+def _version_reason() -> list[tuple[Column, Column | str]]:
+    return [(F.col("schema_version").isNull(), "missing required field: schema_version")]
+
+
 def with_reject_reason(parsed: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
     """Add `reject_reason`: null for a good record, else the first rule it breaks."""
     schema = parse_schema(versions)
@@ -83,9 +94,6 @@ def with_reject_reason(parsed: DataFrame, versions: Mapping[int, VersionSpec] = 
                F.lit(f"bad type for field: {f.name}"))
         for f in schema.fields
     ], F.lit("not a JSON object"))
-    per_version = F.lit(None).cast("string")
-    for v, spec in versions.items():
-        per_version = F.when(F.col("schema_version") == v, _version_checks(spec)).otherwise(per_version)
     known = F.col("schema_version").isin(*versions.keys())
     reason = _first_reason([
         (F.trim(F.col("value")) == "", "empty record"),
@@ -93,11 +101,24 @@ def with_reject_reason(parsed: DataFrame, versions: Mapping[int, VersionSpec] = 
         (~F.ltrim(F.col("value")).startswith("{"), "not a JSON object"),
         (F.col(CORRUPT).isNotNull() & F.col("schema_version").isNull()
          & F.get_json_object("value", "$.schema_version").isNotNull(), "bad type for field: schema_version"),
-        (F.col("schema_version").isNull(), "missing required field: schema_version"),
+        *_version_reason(),
         (~known, F.concat(F.lit("unknown schema_version: "), F.col("schema_version").cast("string"))),
         (F.col(CORRUPT).isNotNull(), bad_type),
     ])
-    return parsed.withColumn(REJECT, F.coalesce(reason, per_version))
+    return parsed.withColumn(REJECT, F.coalesce(reason, _known_version_checks(versions)))
+
+
+def with_typed_reject_reason(records: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
+    """with_reject_reason for typed_records (no text to parse); a rejected record's `value` becomes its JSON."""
+    known = F.col("schema_version").isin(*versions.keys())
+    reason = F.coalesce(_first_reason([
+        *_version_reason(),
+        (~known, F.concat(F.lit("unknown schema_version: "), F.col("schema_version").cast("string"))),
+    ]), _known_version_checks(versions))
+    fields = parse_schema(versions).fieldNames()
+    as_json = F.to_json(F.struct(*[F.col(c) for c in fields]))  # only evaluated for the rejected rows
+    return (records.withColumn(REJECT, reason)
+            .withColumn("value", F.when(F.col(REJECT).isNotNull(), as_json)))
 
 
 def quarantine(checked: DataFrame) -> DataFrame:

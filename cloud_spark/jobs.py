@@ -53,27 +53,39 @@ def read_json_segments(spark: SparkSession, root: str, fleets: Sequence[str] | N
 
 def read_parquet_segments(spark: SparkSession, root: str, versions: Mapping[int, VersionSpec],
                           fleets: Sequence[str] | None = None, dates: Sequence[str] | None = None) -> DataFrame:
-    """Parquet segments under root, brought to the raw shape (returns no rows when there are none)."""
-    files = [str(p) for p in Path(root).rglob("*.parquet")] if "://" not in root else None
-    if files == []:
-        return spark.createDataFrame([], parse_schema(versions))
-    df = spark.read.option("pathGlobFilter", "*.parquet").option("basePath", root).parquet(root)
+    """Parquet segments under root, read with every version's fields (absent ones null), Hive keys as path_*."""
+    df = (spark.read.schema(parse_schema(versions)).option("pathGlobFilter", "*.parquet")
+          .option("basePath", root).parquet(root))
     df = df.withColumn("file", F.input_file_name())
     return _with_path_columns(df, fleets, dates, keep=True)
 
 
+def _has_files(root: str, suffix: str) -> bool:
+    """Whether root holds any file ending in suffix (always assumed for object-store URLs: Spark lists those)."""
+    return "://" in root or any(Path(root).rglob(f"*{suffix}"))
+
+
 def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | None = None,
                dates: Sequence[str] | None = None, versions: Mapping[int, VersionSpec] = VERSIONS,
-               parquet: bool = False) -> dict[str, object]:
-    """Segments -> events (validated, deduped; partitioned by fleet/date) + quarantine (with reason)."""
-    with step("ingest: parse, validate, dedupe, write events + quarantine"):
-        parsed = ingest.parse_json_lines(read_json_segments(spark, src, fleets, dates), versions)
-        if parquet:
-            typed = read_parquet_segments(spark, src, versions, fleets, dates)
-            parsed = parsed.unionByName(ingest.typed_records(typed, versions))
-        checked = ingest.with_reject_reason(parsed, versions)
-        # keep the raw line only where it is needed (rejects): the cached frame stays about as small as the events
-        checked = checked.withColumn("value", F.when(F.col(ingest.REJECT).isNotNull(), F.col("value"))).persist()
+               parquet: bool = True) -> dict[str, object]:
+    """Segments -> events (validated, deduped; partitioned by fleet/date) + quarantine (with reason).
+
+    Both segment formats are read side by side, told apart by extension: `*.parquet` (the default) and gzip JSON
+    Lines `*.jsonl.gz`; `parquet=False` reads JSON Lines only.
+    """
+    with step("ingest: read, validate, dedupe, write events + quarantine"):
+        parts: list[DataFrame] = []
+        has_json = _has_files(src, ".jsonl.gz")
+        if parquet and (_has_files(src, ".parquet") or not has_json):  # an empty upload gives empty tables
+            typed = ingest.typed_records(read_parquet_segments(spark, src, versions, fleets, dates), versions)
+            parts.append(ingest.with_typed_reject_reason(typed, versions))
+        if has_json:
+            parsed = ingest.parse_json_lines(read_json_segments(spark, src, fleets, dates), versions)
+            checked = ingest.with_reject_reason(parsed, versions)
+            # keep the raw line only where it is needed (rejects)
+            parts.append(checked.withColumn("value", F.when(F.col(ingest.REJECT).isNotNull(), F.col("value"))))
+        checked = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        checked = checked.persist()
         try:
             (ingest.quarantine(checked).write.mode("overwrite").partitionBy("path_fleet", "path_date")
              .parquet(f"{out}/quarantine"))
