@@ -38,6 +38,8 @@ class SessionClaim:
     origin: int = FRESH
     persistent: bool = False
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
+    source: str = ""  # MIGRATED / FROM_REPLICA: the owner whose state this session continues
+    base: int = 0  # ... and that state held every delivery of `source` with a queue seq below this
 
 
 def encode_claim(claim: SessionClaim) -> bytes:
@@ -48,6 +50,9 @@ def encode_claim(claim: SessionClaim) -> bytes:
     w.uint(claim.origin)
     w.uint(1 if claim.persistent else 0)
     w.raw(_encode_subs(claim.subscriptions))
+    if claim.source:
+        w.text(claim.source)
+        w.uint(claim.base)
     return bytes(w.out)
 
 
@@ -59,9 +64,18 @@ def decode_claim(data: bytes) -> SessionClaim:
     origin = r.uint()
     persistent = bool(r.uint())
     subs = decode_subscriptions(r.raw())
+    source, base = "", 0
+    if r.pos < len(data):  # claims written before the lineage fields existed end here
+        source, base = r.text(), r.uint()
     if r.pos != len(data):
         raise WireError("trailing bytes after a session claim")
-    return SessionClaim(owner, epoch, origin, persistent, subs)
+    return SessionClaim(owner, epoch, origin, persistent, subs, source, base)
+
+
+def hands_over(claim: SessionClaim, loser: str, seq: int) -> bool:
+    """Whether a node whose claim lost to `claim` must hand the winner its queued delivery `seq`: all of them,
+    unless the winner continues the loser's own state, which already held every delivery below `claim.base`."""
+    return claim.origin == FRESH or claim.source != loser or seq >= claim.base
 
 
 def claim_order(value: bytes) -> tuple[float, str]:
@@ -222,4 +236,5 @@ __all__ = [
     "encode_snapshot",
     "encode_uint",
     "encode_update",
+    "hands_over",
 ]

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("appliance.cluster")
 SESSIONS = "sessions"
-FROM_OWNER, FROM_COPY = 1, 2  # first byte of a SessionState's data
+FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
+Lineage = tuple[int, str, int]  # (claim origin, source node, base seq) of a session being connected here
 
 
 def _key(seq: int) -> str:
@@ -60,7 +61,7 @@ class SessionMigration:
     store: ClusterStore
     claims: dict[str, SessionClaim]
     copies: dict[str, ReplicaCopy]
-    _origin: dict[str, int]
+    _origin: dict[str, Lineage]
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
     _request_id: int
     events: Any
@@ -147,6 +148,11 @@ class SessionMigration:
         finally:
             self._requests.pop(request_id, None)
 
+    def _reaches_half(self) -> bool:
+        """This node reaches at least half of the known members (itself included): not a minority side."""
+        membership = self.svc.membership
+        return 2 * len(membership.live()) >= len(membership.all())
+
     async def _async_takeover(self, cid: str, clean_start: bool, claim: SessionClaim) -> int:
         owner = claim.owner
         if self.svc.links.is_up(owner):
@@ -158,30 +164,52 @@ class SessionMigration:
             return ReasonCode.SERVER_UNAVAILABLE
         if clean_start or not claim.persistent:
             return ReasonCode.SUCCESS
+        if not self._reaches_half():
+            # A minority side cannot tell a dead owner from a live one behind the split: resuming here would
+            # fork the session (the owner keeps queueing for it), so the client is sent to another node.
+            log.warning("CONNECT %s refused: owner %s unreachable from this minority side", cid, owner)
+            return ReasonCode.SERVER_UNAVAILABLE
         candidates: list[ReplicaCopy] = []
         local = self.copies.get(cid)
         if local is not None:
             candidates.append(local)
         peers = [p for p in self.svc.links.up_peers() if p != owner]
+        owner_alive = False
         for answer in await asyncio.gather(*(self._async_ask(p, cid, False) for p in peers)):
-            if answer is not None and answer[0] == FROM_COPY:
-                candidates.append(decode_copy(answer[1]))
-            elif answer is not None and answer[0] == FROM_OWNER:
+            if answer is None:
+                continue
+            if answer[0] == FROM_OWNER:
                 return ReasonCode.SUCCESS  # a live owner after all (the claim was stale): adopted
+            if answer[0] == FROM_COPY:
+                candidates.append(decode_copy(answer[1]))
+            elif answer[0] == OWNER_UP:
+                owner_alive = True
         if cid in (self.broker.sessions if self.broker else {}):
             return ReasonCode.SUCCESS
+        if owner_alive:
+            # Only our link to the owner is down: the session lives on there, so resuming a copy here would
+            # fork it. The client retries (on another node, or here once the link is back).
+            log.warning("CONNECT %s refused: owner %s is alive but unreachable from here", cid, owner)
+            return ReasonCode.SERVER_UNAVAILABLE
         if candidates:
             best = max(candidates, key=lambda c: (c.epoch, max([c.record.next_seq, *(s + 1 for s in c.queue)]),
                                                   c.version))
             assert self.broker is not None
+            base = max([best.record.next_seq, *(s + 1 for s in best.queue)])
             queue = best.deliveries()
-            self._origin[cid] = FROM_REPLICA
+            self._origin[cid] = (FROM_REPLICA, best.owner, base)
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
             if local is not None:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
             self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
             log.info("session %s resumed from a replica (%d queued), owner %s unreachable", cid, len(queue), owner)
         return ReasonCode.SUCCESS
+
+    def _owner_up_here(self, cid: str, asker: str) -> bool:
+        """The session's owner (by our claims) is another node that we reach: the asker only lost its link to it."""
+        claim = self.claims.get(cid)
+        return (claim is not None and claim.owner not in (self.node_id, asker, "")
+                and self.svc.links.is_up(claim.owner))
 
     def _on_session_message(self, peer: str, msg: ClusterMessage) -> None:
         """SessionTakeover from a node taking a client over; SessionState answers."""
@@ -194,11 +222,15 @@ class SessionMigration:
                 assert image is not None
                 record, queue, qos2 = image
                 epoch = self.clock()
-                claim = SessionClaim(msg.node, epoch, MIGRATED, record.expiry_interval > 0, dict(record.subscriptions))
+                claim = SessionClaim(msg.node, epoch, MIGRATED, record.expiry_interval > 0, dict(record.subscriptions),
+                                     self.node_id, record.next_seq)
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
                 data = bytes([FROM_OWNER]) + encode_snapshot(epoch, record, queue, qos2)
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
+            elif self._owner_up_here(cid, msg.node):
+                claim = self.claims[cid]
+                self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
             elif cid in self.copies:
                 data = bytes([FROM_COPY]) + encode_copy(self.copies[cid])
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
@@ -211,7 +243,7 @@ class SessionMigration:
                 # Adopt now, in stream order, even if the asker gave up: the owner has already let it go.
                 _epoch, record, queue, qos2 = decode_snapshot(msg.data[1:])
                 if not clean and record.expiry_interval > 0:
-                    self._origin[msg.client_id] = MIGRATED
+                    self._origin[msg.client_id] = (MIGRATED, peer, record.next_seq)
                     adopt_session(broker, record, queue, qos2)
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0

@@ -30,6 +30,8 @@ from appliance.cluster.ownership import (
 from appliance.store import SqliteStore
 
 SessionOp = Callable[[str, int, bytes, bool], None]  # (client id, op, data, must be acked before the next ack)
+Enqueued = Callable[[str, Delivery], None]
+IsQos2 = Callable[[str, int | None], bool]  # (client id, packet id): that outbound delivery is QoS2
 
 
 Wait = tuple[str, int, str]  # (peer, stream seq, stream kind "f" forward / "r" replica)
@@ -72,6 +74,8 @@ class ClusterStore:
     def __init__(self, inner: SqliteStore) -> None:
         self.inner = inner
         self.on_session_op: SessionOp | None = None
+        self.on_enqueued: Enqueued | None = None
+        self.is_qos2: IsQos2 | None = None
         self._fifo: deque[_Gated] = deque()
         self._open: dict[Wait, list[_Gated]] = {}  # outstanding wait -> the callbacks it gates
         self._unbound: dict[Wait, None] = {}  # waits registered since the last after_commit, in order
@@ -193,13 +197,19 @@ class ClusterStore:
     def enqueue(self, client_id: str, delivery: Delivery) -> None:
         """Write a queue row; replicate it synchronously (the next ack waits for the replicas)."""
         self.inner.enqueue(client_id, delivery)
+        if self.on_enqueued is not None:
+            self.on_enqueued(client_id, delivery)
         self._op(client_id, OP_ENQUEUE, encode_delivery(delivery), True)
 
     def update_delivery(self, client_id: str, seq: int, state: DeliveryState, packet_id: int | None) -> None:
-        """Record a delivery's state; replicate QoS2 releases (a SENT delivery resends as queued after failover)."""
+        """Record a delivery's state; replicate the outbound QoS2 flow synchronously (a QoS1 SENT delivery resends as
+        new after a failover, an allowed duplicate)."""
         self.inner.update_delivery(client_id, seq, state, packet_id)
-        if state == DeliveryState.RELEASED:  # QoS2 past PUBREC: a replica must not send the PUBLISH again
-            self._op(client_id, OP_UPDATE, encode_update(seq, state, packet_id))
+        # QoS2: the PUBLISH goes out only once the replicas know its packet id (a resumed session resends it with
+        # DUP under the same id [MQTT-4.3.3-?]); PUBREL only once they know it is RELEASED (never resent as new).
+        if state == DeliveryState.RELEASED or (
+                state == DeliveryState.SENT and self.is_qos2 is not None and self.is_qos2(client_id, packet_id)):
+            self._op(client_id, OP_UPDATE, encode_update(seq, state, packet_id), True)
 
     def remove_delivery(self, client_id: str, seq: int) -> None:
         """Delete a queue row; the replicas release it too."""

@@ -11,10 +11,11 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import deliver_forwarded, release_session, session_image
-from appliance.broker.model import Message, SessionRecord
+from appliance.broker.model import Delivery, Message, SessionRecord
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
 from appliance.cluster.forwarding import ForwardReceiver, ForwardSender, ReplicaReceiver, ReplicaSender
@@ -31,6 +32,7 @@ from appliance.cluster.ownership import (
     decode_copy,
     encode_claim,
     encode_snapshot,
+    hands_over,
 )
 from appliance.cluster.records import decode_delivery, decode_retained, encode_retained, retained_order
 from appliance.cluster.replicated import ReplicatedSpace
@@ -39,7 +41,7 @@ from appliance.cluster.wire import Forward, decode_body
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.store import SqliteStore
 
-from .cluster_sessions import SessionMigration
+from .cluster_sessions import Lineage, SessionMigration
 from .cluster_store import ClusterStore
 from .config import Config, parse_hostport
 
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("appliance.cluster")
 SESSIONS, RETAINED = "sessions", "retained"
-FROM_OWNER, FROM_COPY = 1, 2  # first byte of a SessionState's data
+SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
 
 
 def _key(seq: int) -> str:
@@ -67,6 +69,8 @@ class ClusterWiring(SessionMigration):
         self.inner = inner
         self.store = ClusterStore(inner)
         self.store.on_session_op = self._session_op
+        self.store.on_enqueued = self._note_enqueued
+        self.store.is_qos2 = self._is_qos2
         self.events = events
         self.r = int(c["replication_factor"])
         self.clock = time.time
@@ -75,7 +79,8 @@ class ClusterWiring(SessionMigration):
         self.claims: dict[str, SessionClaim] = {}
         self.copies: dict[str, ReplicaCopy] = {}  # replica copies of sessions owned by other nodes
         self.assigned: dict[str, list[str]] = {}  # local persistent session -> its replica nodes
-        self._origin: dict[str, int] = {}  # client id -> how the session being connected got here
+        self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
+        self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
         self._requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]] = {}
         self._request_id = 0
         self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
@@ -129,6 +134,10 @@ class ClusterWiring(SessionMigration):
                 self.service.restore_replication(peer, next_seq=self._seq_base, committed_upto=int(v))
         for cid, value in spaces[SESSIONS].items(claim_order).items():
             self._apply_claim(cid, decode_claim(value), restoring=True)
+        if self.broker is not None:
+            for cid, session in self.broker.sessions.items():
+                for delivery in [*session.inflight.values(), *session.queue]:
+                    self._note_enqueued(cid, delivery)
 
     def attach(self, broker: Broker) -> None:
         """The broker this wiring serves (constructed with self.store and self as its cluster port)."""
@@ -266,14 +275,16 @@ class ClusterWiring(SessionMigration):
         FRESH, so a node whose claim it beats hands over its whole queue (late or duplicated, never lost)."""
         cid = record.client_id
         current = self.claims.get(cid)
-        mine = current is not None and current.owner == self.node_id and not connected
+        mine = current is not None and current.owner == self.node_id
+        lineage: Lineage = (FRESH, "", 0)
+        if mine and current is not None:
+            lineage = (current.origin, current.source, current.base)  # the same session, continued here
+        epoch = current.epoch if mine and current is not None and not connected else self.clock()
         if connected:
-            origin, epoch = self._origin.pop(cid, FRESH), self.clock()
-        elif mine and current is not None:
-            origin, epoch = current.origin, current.epoch
-        else:
-            origin, epoch = FRESH, self.clock()
-        claim = SessionClaim(self.node_id, epoch, origin, record.expiry_interval > 0, dict(record.subscriptions))
+            lineage = self._origin.pop(cid, lineage)
+        origin, source, base = lineage
+        claim = SessionClaim(self.node_id, epoch, origin, record.expiry_interval > 0, dict(record.subscriptions),
+                             source, base)
         if claim != current:
             self.svc.put(SESSIONS, cid, encode_claim(claim))
 
@@ -352,7 +363,7 @@ class ClusterWiring(SessionMigration):
         log.info("session %s now owned by %s: closing it here", cid, claim.owner)
         if image is not None:
             for delivery in image[1]:
-                if claim.origin == FRESH or delivery.message.created >= claim.epoch:
+                if hands_over(claim, self.node_id, delivery.seq):  # the winner dedupes by message id
                     self._forward(claim.owner, delivery.message, (cid,))
         release_session(broker, cid, clean_start=False)
         self._emit("migrated", subscriber=cid, peer_node=claim.owner, reason="claim_lost")
@@ -369,8 +380,7 @@ class ClusterWiring(SessionMigration):
             if fwd.message.qos:
                 self.inner.kv_delete(f"fwd/{old}", _key(fwd.seq))
             if new == self.node_id:
-                assert self.broker is not None
-                missing = deliver_forwarded(self.broker, fwd.message, fwd.clients)[0]
+                missing = self._deliver_here(fwd.message, fwd.clients)
                 self._onward(fwd.message, missing)  # the other clients it named still go to their owners
             else:
                 self._forward(new, fwd.message, fwd.clients)
@@ -383,10 +393,44 @@ class ClusterWiring(SessionMigration):
         broker = self.broker
         assert broker is not None
         self.store.begin_own_acks()
-        missing, _persisted = deliver_forwarded(broker, fwd.message, fwd.clients)
+        missing = self._deliver_here(fwd.message, fwd.clients)
         self._onward(fwd.message, missing)
         self.inner.set_meta(f"cluster.fwd.{peer}", str(fwd.seq))
         self.store.after_own_acks(self._forward_committed, peer, fwd.seq)
+
+    def _deliver_here(self, message: Message, clients: tuple[str, ...]) -> list[str]:
+        """Deliver a forwarded message to the named local sessions that have not had it yet; return the named
+        clients with no session here. A message can reach a session twice when a forward in flight is retargeted
+        after its subscriber moved, or handed over by a node whose claim lost; the second copy is dropped."""
+        broker = self.broker
+        assert broker is not None
+        sessions = broker.sessions
+        fresh = tuple(c for c in clients if c not in sessions or self._remember(c, message.msg_id))
+        if fresh:
+            deliver_forwarded(broker, message, fresh)
+        return [c for c in clients if c not in sessions]
+
+    def _remember(self, cid: str, msg_id: str) -> bool:
+        """Record that a message was queued for a session here; False if it already was."""
+        seen = self._seen.get(cid)
+        if seen is None:
+            seen = self._seen[cid] = OrderedDict()
+        elif msg_id in seen:
+            return False
+        seen[msg_id] = None
+        if len(seen) > SEEN_PER_SESSION:
+            seen.popitem(last=False)
+        return True
+
+    def _is_qos2(self, cid: str, packet_id: int | None) -> bool:
+        """ClusterStore hook: the delivery in flight under packet_id is QoS2 (its SENT state is replicated)."""
+        session = self.broker.sessions.get(cid) if self.broker is not None and self.r > 1 else None
+        delivery = session.inflight.get(packet_id) if session is not None and packet_id is not None else None
+        return delivery is not None and delivery.qos == 2
+
+    def _note_enqueued(self, cid: str, delivery: Delivery) -> None:
+        """ClusterStore hook: every durable enqueue (local routing, adoption, forwards)."""
+        self._remember(cid, delivery.message.msg_id)
 
     def _forward_committed(self, peer: str, seq: int) -> None:
         """A received forward is durable here (and on the replicas): its cumulative ack goes out with the batch."""
