@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from appliance.broker.model import Message
 
@@ -28,6 +28,17 @@ from .wire import ClusterMessage, Digest, Forward, ForwardAck, Repair, RepairReq
 
 _LOG = logging.getLogger("appliance.cluster")
 DIGEST_CHUNK = 500  # keys per Digest / Repair frame
+
+
+_T = TypeVar("_T")
+
+
+def _entry(table: dict[str, _T], peer: str, make: Callable[[str], _T]) -> _T:
+    """table[peer], created by make(peer) the first time (setdefault would build one on every call)."""
+    found = table.get(peer)
+    if found is None:
+        found = table[peer] = make(peer)
+    return found
 
 
 @dataclass(slots=True)
@@ -215,7 +226,7 @@ class ClusterService:
     def forward_frame(self, peer: str, message: Message, clients: tuple[str, ...] = (),
                       on_acked: OnAcked | None = None) -> tuple[Forward, bytes]:
         """forward(), also returning the encoded frame (persist those bytes: encoded once for both)."""
-        sender = self.senders.setdefault(peer, ForwardSender(peer))
+        sender = _entry(self.senders, peer, ForwardSender)
         fwd = sender.submit(message, clients, on_acked)
         frame = encode(fwd)
         self.links.async_send_frame(peer, frame)
@@ -223,7 +234,7 @@ class ClusterService:
 
     def forward_committed(self, peer: str, seq: int) -> None:
         """The durable enqueue of a received Forward is done: ack it (cumulatively) when the prefix grows."""
-        receiver = self.receivers.setdefault(peer, ForwardReceiver(peer))
+        receiver = _entry(self.receivers, peer, ForwardReceiver)
         ack = receiver.committed(seq)
         if ack is not None:
             self.links.async_send(peer, ack)
@@ -237,14 +248,14 @@ class ClusterService:
     def replicate(self, peer: str, client_id: str, op: int, data: bytes,
                   on_acked: OnAcked | None = None) -> Replicate:
         """Queue one operation for a replica (persist the returned Replicate), send it if the link is up."""
-        sender = self.replica_senders.setdefault(peer, ReplicaSender(peer))
+        sender = _entry(self.replica_senders, peer, ReplicaSender)
         rep = sender.submit(client_id, op, data, on_acked)
         self.links.async_send(peer, rep)
         return rep
 
     def replicate_committed(self, peer: str, seq: int, status: int = 0) -> None:
         """A received operation is committed (status 0) or refused: send the acks now due."""
-        receiver = self.replica_receivers.setdefault(peer, ReplicaReceiver(peer))
+        receiver = _entry(self.replica_receivers, peer, ReplicaReceiver)
         for ack in receiver.committed(seq, status):
             self.links.async_send(peer, ack)
 
@@ -309,7 +320,7 @@ class ClusterService:
     def _message(self, peer: str, msg: ClusterMessage) -> None:
         """Dispatch one message from an authenticated peer."""
         if isinstance(msg, Forward):
-            receiver = self.receivers.setdefault(peer, ForwardReceiver(peer))
+            receiver = _entry(self.receivers, peer, ForwardReceiver)
             if receiver.accept(msg):
                 self.cb.on_forward(peer, msg)
             else:
@@ -323,7 +334,7 @@ class ClusterService:
                 if released:
                     self.cb.on_forward_released(peer, released)
         elif isinstance(msg, Replicate):
-            rreceiver = self.replica_receivers.setdefault(peer, ReplicaReceiver(peer))
+            rreceiver = _entry(self.replica_receivers, peer, ReplicaReceiver)
             if rreceiver.accept(msg):
                 self.cb.on_replicate(peer, msg)
             else:

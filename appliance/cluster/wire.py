@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from appliance.broker.model import Message
 from appliance.protocol.errors import MQTTError
-from appliance.protocol.packets import PacketType
+from appliance.protocol.packets import PacketType, Properties
 from appliance.protocol.primitives import Reader
 from appliance.protocol.properties import decode_properties, encode_properties
 
@@ -25,6 +25,7 @@ PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">IB")
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 _F64 = struct.Struct(">d")
+_NO_PROPERTIES = b"\x00"  # an empty MQTT 5 Properties field: length 0
 
 
 # ---- field primitives -------------------------------------------------------------------------------------------
@@ -37,6 +38,9 @@ class _Writer:
         self.out = bytearray()
 
     def uint(self, n: int) -> None:
+        if 0 <= n < 0x80:
+            self.out.append(n)
+            return
         if n < 0:
             raise WireError(f"negative integer {n} in a cluster message")
         while n > 0x7F:
@@ -45,7 +49,11 @@ class _Writer:
         self.out.append(n)
 
     def raw(self, b: bytes) -> None:
-        self.uint(len(b))
+        n = len(b)
+        if n < 0x80:
+            self.out.append(n)
+        else:
+            self.uint(n)
         self.out += b
 
     def text(self, s: str) -> None:
@@ -65,6 +73,10 @@ class _Reader:
         self.pos = 0
 
     def uint(self) -> int:
+        pos = self.pos
+        if pos < len(self.buf) and self.buf[pos] < 0x80:  # one-byte varint: the common case
+            self.pos = pos + 1
+            return self.buf[pos]
         result = shift = 0
         while True:
             if self.pos >= len(self.buf):
@@ -122,6 +134,9 @@ def decode_message(r: _Reader) -> Message:
     publisher, created = r.text(), r.f64()
     expiry_at = r.f64() if flags & 0x08 else None
     raw_props = r.raw()
+    if raw_props == _NO_PROPERTIES:
+        return Message(msg_id, topic, payload, flags & 0x03, bool(flags & 0x04), publisher, created, expiry_at,
+                       Properties())
     try:
         props = decode_properties(Reader(raw_props, 0, len(raw_props)), PacketType.PUBLISH)
     except MQTTError as exc:
@@ -133,6 +148,8 @@ def _put(w: _Writer, kind: str, value: Any) -> None:
     """Write one field of the given kind."""
     if kind == "uint":
         w.uint(value)
+    elif kind == "message":
+        encode_message(w, value)
     elif kind == "bool":
         w.uint(1 if value else 0)
     elif kind == "str":
@@ -145,8 +162,6 @@ def _put(w: _Writer, kind: str, value: Any) -> None:
         w.uint(len(value))
         for s in value:
             w.text(s)
-    elif kind == "message":
-        encode_message(w, value)
     elif kind == "vvs":
         w.uint(len(value))
         for key, vv in value:
@@ -165,6 +180,8 @@ def _get(r: _Reader, kind: str) -> Any:
     """Read one field of the given kind."""
     if kind == "uint":
         return r.uint()
+    if kind == "message":
+        return decode_message(r)
     if kind == "bool":
         v = r.uint()
         if v > 1:
@@ -178,8 +195,6 @@ def _get(r: _Reader, kind: str) -> Any:
         return r.f64()
     if kind == "strs":
         return tuple(r.text() for _ in range(r.uint()))
-    if kind == "message":
-        return decode_message(r)
     try:
         if kind == "vvs":
             return tuple((r.text(), dvv.decode_vv(r.raw())) for _ in range(r.uint()))
@@ -364,12 +379,19 @@ MESSAGE_TYPES: dict[int, type[ClusterMessage]] = {
 }
 
 
+_LAYOUTS: dict[type[ClusterMessage], tuple[tuple[str, str], ...]] = {
+    cls: tuple(zip((f.name for f in fields(cls)), cls.FIELDS, strict=True))  # type: ignore[arg-type]
+    for cls in MESSAGE_TYPES.values()
+}
+
+
 def encode(msg: ClusterMessage) -> bytes:
     """One complete frame for `msg`."""
     w = _Writer()
-    for f, kind in zip(fields(msg), msg.FIELDS, strict=True):  # type: ignore[arg-type]
-        _put(w, kind, getattr(msg, f.name))
-    return HEADER.pack(len(w.out) + 1, msg.TYPE) + bytes(w.out)
+    for name, kind in _LAYOUTS[type(msg)]:
+        _put(w, kind, getattr(msg, name))
+    out = w.out
+    return HEADER.pack(len(out) + 1, msg.TYPE) + out
 
 
 def decode_body(ftype: int, body: bytes) -> ClusterMessage:
