@@ -108,6 +108,17 @@ class ForwardSender(StreamSender[Forward]):
         return self.release(ack.seq)
 
 
+    def narrow(self, seq: int, client: str) -> Forward | None:
+        """Stop naming `client` in a buffered forward that names others too: same seq, same place in the stream, so
+        the others still get it in order; return the narrowed Forward (None if it is no longer buffered)."""
+        entry = self._buffer.get(seq)
+        if entry is None:
+            return None
+        fwd = entry.message
+        entry.message = Forward(fwd.seq, fwd.message, tuple(c for c in fwd.clients if c != client))
+        return entry.message
+
+
 class ReplicaSender(StreamSender[Replicate]):
     """Owner -> one replica: the stream of queue operations (issue 4's synchronous queue replication)."""
 

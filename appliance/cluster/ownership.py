@@ -38,8 +38,10 @@ class SessionClaim:
     origin: int = FRESH
     persistent: bool = False
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
-    source: str = ""  # MIGRATED / FROM_REPLICA: the owner whose state this session continues
-    base: int = 0  # ... and that state held every delivery of `source` with a queue seq below this
+    # Lineage: earlier owners whose state this session continues (resumed from a copy of it, or handed over), each
+    # with the queue seq below which that state held all of their deliveries. A stale earlier owner whose claim
+    # loses hands over only what lies at or above its base.
+    bases: dict[str, int] = field(default_factory=dict)
 
 
 def encode_claim(claim: SessionClaim) -> bytes:
@@ -50,9 +52,11 @@ def encode_claim(claim: SessionClaim) -> bytes:
     w.uint(claim.origin)
     w.uint(1 if claim.persistent else 0)
     w.raw(_encode_subs(claim.subscriptions))
-    if claim.source:
-        w.text(claim.source)
-        w.uint(claim.base)
+    if claim.bases:
+        w.uint(len(claim.bases))
+        for node, base in claim.bases.items():
+            w.text(node)
+            w.uint(base)
     return bytes(w.out)
 
 
@@ -64,18 +68,33 @@ def decode_claim(data: bytes) -> SessionClaim:
     origin = r.uint()
     persistent = bool(r.uint())
     subs = decode_subscriptions(r.raw())
-    source, base = "", 0
-    if r.pos < len(data):  # claims written before the lineage fields existed end here
-        source, base = r.text(), r.uint()
+    bases: dict[str, int] = {}
+    if r.pos < len(data):  # claims written before the lineage existed end here
+        for _ in range(r.uint()):
+            node = r.text()
+            bases[node] = r.uint()
     if r.pos != len(data):
         raise WireError("trailing bytes after a session claim")
-    return SessionClaim(owner, epoch, origin, persistent, subs, source, base)
+    return SessionClaim(owner, epoch, origin, persistent, subs, bases)
+
+
+LINEAGE_MAX = 16  # earlier owners remembered in a claim (an older one hands over its whole stale queue)
+
+
+def extend_lineage(bases: dict[str, int], node: str, base: int) -> dict[str, int]:
+    """A lineage continued from `node`'s state, which held its deliveries below `base` (the latest last)."""
+    out = {n: b for n, b in bases.items() if n != node}
+    out[node] = base
+    while len(out) > LINEAGE_MAX:
+        del out[next(iter(out))]
+    return out
 
 
 def hands_over(claim: SessionClaim, loser: str, seq: int) -> bool:
     """Whether a node whose claim lost to `claim` must hand the winner its queued delivery `seq`: all of them,
-    unless the winner continues the loser's own state, which already held every delivery below `claim.base`."""
-    return claim.origin == FRESH or claim.source != loser or seq >= claim.base
+    unless the winner continues the loser's own state, which already held every delivery below the loser's base."""
+    base = claim.bases.get(loser) if claim.origin != FRESH else None
+    return base is None or seq >= base
 
 
 def claim_order(value: bytes) -> tuple[float, str]:
@@ -236,5 +255,6 @@ __all__ = [
     "encode_snapshot",
     "encode_uint",
     "encode_update",
+    "extend_lineage",
     "hands_over",
 ]

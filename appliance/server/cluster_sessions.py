@@ -29,6 +29,7 @@ from appliance.cluster.ownership import (
     encode_claim,
     encode_copy,
     encode_snapshot,
+    extend_lineage,
 )
 from appliance.cluster.wire import Replicate, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("appliance.cluster")
 SESSIONS = "sessions"
 FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
-Lineage = tuple[int, str, int]  # (claim origin, source node, base seq) of a session being connected here
+Lineage = tuple[int, dict[str, int]]  # (claim origin, lineage bases) of a session being connected here
 
 
 def _key(seq: int) -> str:
@@ -197,7 +198,7 @@ class SessionMigration:
             assert self.broker is not None
             base = max([best.record.next_seq, *(s + 1 for s in best.queue)])
             queue = best.deliveries()
-            self._origin[cid] = (FROM_REPLICA, best.owner, base)
+            self._origin[cid] = (FROM_REPLICA, extend_lineage(claim.bases, best.owner, base))
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
             if local is not None:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
@@ -222,11 +223,15 @@ class SessionMigration:
                 assert image is not None
                 record, queue, qos2 = image
                 epoch = self.clock()
+                current = self.claims.get(cid)
+                bases = extend_lineage(current.bases if current else {}, self.node_id, record.next_seq)
                 claim = SessionClaim(msg.node, epoch, MIGRATED, record.expiry_interval > 0, dict(record.subscriptions),
-                                     self.node_id, record.next_seq)
-                self.svc.put(SESSIONS, cid, encode_claim(claim))
+                                     bases)
+                # The state goes out before the claim: the new owner adopts the session before its own buffered
+                # forwards to us are retargeted to it (delivered into that session, in order).
                 data = bytes([FROM_OWNER]) + encode_snapshot(epoch, record, queue, qos2)
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
+                self.svc.put(SESSIONS, cid, encode_claim(claim))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
             elif self._owner_up_here(cid, msg.node):
                 claim = self.claims[cid]
@@ -243,7 +248,9 @@ class SessionMigration:
                 # Adopt now, in stream order, even if the asker gave up: the owner has already let it go.
                 _epoch, record, queue, qos2 = decode_snapshot(msg.data[1:])
                 if not clean and record.expiry_interval > 0:
-                    self._origin[msg.client_id] = (MIGRATED, peer, record.next_seq)
+                    current = self.claims.get(msg.client_id)
+                    bases = extend_lineage(current.bases if current else {}, peer, record.next_seq)
+                    self._origin[msg.client_id] = (MIGRATED, bases)
                     adopt_session(broker, record, queue, qos2)
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0

@@ -37,7 +37,7 @@ from appliance.cluster.ownership import (
 from appliance.cluster.records import decode_delivery, decode_retained, encode_retained, retained_order
 from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
-from appliance.cluster.wire import Forward, decode_body
+from appliance.cluster.wire import Forward, decode_body, encode
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.store import SqliteStore
 
@@ -276,15 +276,15 @@ class ClusterWiring(SessionMigration):
         cid = record.client_id
         current = self.claims.get(cid)
         mine = current is not None and current.owner == self.node_id
-        lineage: Lineage = (FRESH, "", 0)
+        lineage: Lineage = (FRESH, {})
         if mine and current is not None:
-            lineage = (current.origin, current.source, current.base)  # the same session, continued here
+            lineage = (current.origin, current.bases)  # the same session, continued here
         epoch = current.epoch if mine and current is not None and not connected else self.clock()
         if connected:
             lineage = self._origin.pop(cid, lineage)
-        origin, source, base = lineage
+        origin, bases = lineage
         claim = SessionClaim(self.node_id, epoch, origin, record.expiry_interval > 0, dict(record.subscriptions),
-                             source, base)
+                             dict(bases))
         if claim != current:
             self.svc.put(SESSIONS, cid, encode_claim(claim))
 
@@ -369,21 +369,29 @@ class ClusterWiring(SessionMigration):
         self._emit("migrated", subscriber=cid, peer_node=claim.owner, reason="claim_lost")
 
     def _retarget(self, cid: str, old: str, new: str) -> None:
-        """Buffered forwards for a subscriber that moved follow it to its new node."""
+        """Buffered forwards for a subscriber that moved follow it to its new node, in order; a forward that names
+        other clients of the old node too stays in that stream for them, narrowed (a detour would reorder it)."""
         if old == self.node_id:
             return
         sender = self.svc.senders.get(old)
         if sender is None:
             return
-        seqs = [f.seq for f in sender.resend() if cid in f.clients]
-        for fwd, waiters in sender.retarget(seqs):
-            if fwd.message.qos:
-                self.inner.kv_delete(f"fwd/{old}", _key(fwd.seq))
-            if new == self.node_id:
-                missing = self._deliver_here(fwd.message, fwd.clients)
-                self._onward(fwd.message, missing)  # the other clients it named still go to their owners
+        for buffered in [f for f in sender.resend() if cid in f.clients]:
+            waiters: list[Any] = []
+            if set(buffered.clients) == {cid}:
+                [(fwd, waiters)] = sender.retarget([buffered.seq])
+                if fwd.message.qos:
+                    self.inner.kv_delete(f"fwd/{old}", _key(fwd.seq))
             else:
-                self._forward(new, fwd.message, fwd.clients)
+                narrowed = sender.narrow(buffered.seq, cid)
+                assert narrowed is not None
+                fwd = narrowed
+                if fwd.message.qos:
+                    self.inner.kv_put(f"fwd/{old}", _key(fwd.seq), encode(fwd))
+            if new == self.node_id:
+                self._onward(fwd.message, self._deliver_here(fwd.message, (cid,)))
+            else:
+                self._forward(new, fwd.message, (cid,))
             for waiter in waiters:
                 self.inner.after_commit(waiter, fwd.seq, 0)
 

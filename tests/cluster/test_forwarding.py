@@ -101,6 +101,21 @@ def test_retarget_moves_messages_out_of_the_stream() -> None:
     s.on_ack(wire.ForwardAck(2))  # the retargeted message's waiter is not called by this stream any more
 
 
+def test_narrow_keeps_a_forward_in_place_for_the_clients_that_did_not_move() -> None:
+    """Chaos finding: a forward naming two clients of one node was retargeted whole when one of them moved, so the
+    other client's copy took a detour and arrived after newer messages."""
+    s = ForwardSender("b")
+    acked: list[int] = []
+    f1 = s.submit(msg(1), ("stays", "moves"), on_acked=lambda seq, _st: acked.append(seq))
+    f2 = s.submit(msg(2), ("stays",))
+    narrowed = s.narrow(f1.seq, "moves")
+    assert narrowed == wire.Forward(f1.seq, msg(1), ("stays",))
+    assert s.resend() == [narrowed, f2]  # same place in the stream, the moved client no longer named
+    s.on_ack(wire.ForwardAck(f1.seq))
+    assert acked == [f1.seq]  # its publisher's ack still waits for this stream
+    assert s.narrow(f1.seq, "stays") is None  # released: nothing left to narrow
+
+
 def test_ack_gate_waits_for_local_commit_and_every_target() -> None:
     results: list[bool] = []
     gate = AckGate(["b", "c"], results.append)

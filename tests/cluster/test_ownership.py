@@ -6,6 +6,9 @@ from __future__ import annotations
 from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster import dvv
 from appliance.cluster.ownership import (
+    FRESH,
+    FROM_REPLICA,
+    LINEAGE_MAX,
     MIGRATED,
     OP_DROP,
     OP_ENQUEUE,
@@ -24,6 +27,8 @@ from appliance.cluster.ownership import (
     encode_snapshot,
     encode_uint,
     encode_update,
+    extend_lineage,
+    hands_over,
 )
 
 
@@ -38,6 +43,25 @@ def test_claim_round_trip_and_latest_claim_wins_among_siblings() -> None:
     clock = dvv.sync(dvv.update(dvv.DVVSet(), {}, encode_claim(a), "na"),
                      dvv.update(dvv.DVVSet(), {}, encode_claim(b), "nb"))  # concurrent: two siblings
     assert decode_claim(dvv.resolve(clock, claim_order) or b"").owner == "nb"
+
+
+def test_a_losing_owner_hands_over_what_the_winner_lacks_by_lineage() -> None:
+    """Chaos finding: after a heal, the owner whose claim lost handed over only messages created after the winner's
+    claim, so what it had acknowledged alone during the split was lost. The winner's claim names the owners whose
+    state it continues, with the queue seq below which that state was complete."""
+    resumed = SessionClaim("na", 300.0, FROM_REPLICA, True, {}, extend_lineage({"nc": 7}, "nb", 40))
+    assert decode_claim(encode_claim(resumed)) == resumed
+    assert list(resumed.bases) == ["nc", "nb"]
+    assert not hands_over(resumed, "nb", 39) and hands_over(resumed, "nb", 40)  # what the copy lacked
+    assert not hands_over(resumed, "nc", 6) and hands_over(resumed, "nc", 7)  # an earlier owner of the chain
+    assert all(hands_over(resumed, "nd", seq) for seq in (0, 39, 40))  # not in the lineage: everything
+    fresh = SessionClaim("na", 300.0, FRESH, True, {}, {"nb": 40})
+    assert hands_over(fresh, "nb", 0)  # a fresh session continues nobody
+    long = {}
+    for i in range(LINEAGE_MAX + 3):
+        long = extend_lineage(long, f"n{i}", i)
+    assert len(long) == LINEAGE_MAX and f"n{LINEAGE_MAX + 2}" in long and "n0" not in long
+    assert list(extend_lineage({"na": 1, "nb": 2}, "na", 5)) == ["nb", "na"]  # the latest last
 
 
 def test_replica_applies_its_owners_operations_in_order() -> None:
