@@ -7,6 +7,7 @@ heal every node agrees on one owner; a node that loses its claim closes the loca
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from appliance.broker.model import Delivery, DeliveryState, SessionRecord, SubscriptionOptions
@@ -78,6 +79,7 @@ def decode_claim(data: bytes) -> SessionClaim:
     return SessionClaim(owner, epoch, origin, persistent, subs, bases)
 
 
+COPY_SEEN_MAX = 16384  # message ids a replica copy remembers
 LINEAGE_MAX = 16  # earlier owners remembered in a claim (an older one hands over its whole stale queue)
 
 
@@ -114,6 +116,15 @@ class ReplicaCopy:
     qos2: set[int] = field(default_factory=set)
     version: int = 0  # operations applied, to pick the freshest copy
     last: int | None = field(default=None, compare=False)  # seq of the delivery the last OP_ENQUEUE added
+    # ids of the messages the owner queued lately, acknowledged ones included (in memory only): a session resumed
+    # from this copy drops a retargeted forward it already had
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict, compare=False)
+
+    def note(self, msg_id: str) -> None:
+        """Remember one queued message id (bounded)."""
+        self.seen[msg_id] = None
+        if len(self.seen) > COPY_SEEN_MAX:
+            self.seen.popitem(last=False)
 
     def delivery(self, seq: int) -> Delivery:
         """One queued delivery, decoded (and kept decoded)."""
@@ -150,6 +161,28 @@ def decode_snapshot(data: bytes) -> tuple[float, SessionRecord, list[Delivery], 
     record, queue = decode_session(r.raw())
     qos2 = [r.uint() for _ in range(r.uint())]
     return epoch, record, queue, qos2
+
+
+def encode_handover(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int],
+                    seen: list[str]) -> bytes:
+    """A session handed to the node taking it over: the snapshot plus the ids of messages recently queued for it
+    (oldest first), so that a forward retargeted to the new owner after it was delivered here is not repeated."""
+    w = _Writer()
+    w.raw(encode_snapshot(epoch, record, queue, qos2))
+    w.uint(len(seen))
+    for msg_id in seen:
+        w.text(msg_id)
+    return bytes(w.out)
+
+
+def decode_handover(data: bytes) -> tuple[float, SessionRecord, list[Delivery], list[int], list[str]]:
+    """Inverse of encode_handover."""
+    r = _Reader(data)
+    epoch, record, queue, qos2 = decode_snapshot(r.raw())
+    seen = [r.text() for _ in range(r.uint())]
+    if r.pos != len(data):
+        raise WireError("trailing bytes after a session hand-over")
+    return epoch, record, queue, qos2, seen
 
 
 def encode_record(epoch: float, record: SessionRecord) -> bytes:
@@ -195,7 +228,10 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
         if op == OP_SESSION and copy is not None and copy.owner == owner:
             copy.record, copy.epoch = record, epoch
         else:
-            copy = ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2))
+            seen = copy.seen if copy is not None and copy.owner == owner else OrderedDict[str, None]()
+            copy = ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2), seen=seen)
+            for d in queue:
+                copy.note(d.message.msg_id)
         copy.version += 1
         return copy
     if copy is None or copy.owner != owner:
@@ -205,6 +241,7 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
         r = _Reader(data)  # the replica stores the bytes; only a takeover decodes them
         r.uint()  # format
         seq = r.uint()
+        copy.note(r.text())  # the message id comes first in the encoded message
         copy.queue[seq] = data
         copy.last = seq
         copy.record.next_seq = max(copy.record.next_seq, seq + 1)  # the freshest copy has seen the latest enqueue
@@ -230,6 +267,10 @@ def encode_copy(copy: ReplicaCopy) -> bytes:
     w.text(copy.owner)
     w.uint(copy.version)
     w.raw(encode_snapshot(copy.epoch, copy.record, copy.deliveries(), sorted(copy.qos2)))
+    if copy.seen:
+        w.uint(len(copy.seen))
+        for msg_id in copy.seen:
+            w.text(msg_id)
     return bytes(w.out)
 
 
@@ -238,8 +279,11 @@ def decode_copy(data: bytes) -> ReplicaCopy:
     r = _Reader(data)
     owner, version = r.text(), r.uint()
     epoch, record, queue, qos2 = decode_snapshot(r.raw())
+    seen = OrderedDict[str, None]()
+    if r.pos < len(data):  # a durable header row carries no ids
+        seen.update((r.text(), None) for _ in range(r.uint()))
     return ReplicaCopy(owner, epoch, record, dict[int, Delivery | bytes]({d.seq: d for d in queue}), set(qos2),
-                       version)
+                       version, seen=seen)
 
 
 __all__ = [
@@ -249,9 +293,11 @@ __all__ = [
     "claim_order",
     "decode_claim",
     "decode_copy",
+    "decode_handover",
     "encode_claim",
     "encode_copy",
     "encode_delivery",
+    "encode_handover",
     "encode_snapshot",
     "encode_uint",
     "encode_update",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +24,12 @@ from appliance.cluster.ownership import (
     SessionClaim,
     apply_op,
     decode_copy,
-    decode_snapshot,
+    decode_handover,
     decode_uint,
     decode_update,
     encode_claim,
     encode_copy,
-    encode_snapshot,
+    encode_handover,
     extend_lineage,
 )
 from appliance.cluster.wire import Replicate, SessionState, SessionTakeover
@@ -63,6 +64,7 @@ class SessionMigration:
     claims: dict[str, SessionClaim]
     copies: dict[str, ReplicaCopy]
     _origin: dict[str, Lineage]
+    _seen: dict[str, OrderedDict[str, None]]
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
     _request_id: int
     events: Any
@@ -79,6 +81,10 @@ class SessionMigration:
 
     def _replica_committed(self, peer: str, seq: int) -> None:
         """Ack a committed replica write (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _remember(self, cid: str, msg_id: str) -> bool:
+        """Record a message queued for a session here (ClusterWiring)."""
         raise NotImplementedError
 
 
@@ -199,6 +205,8 @@ class SessionMigration:
             base = max([best.record.next_seq, *(s + 1 for s in best.queue)])
             queue = best.deliveries()
             self._origin[cid] = (FROM_REPLICA, extend_lineage(claim.bases, best.owner, base))
+            for msg_id in best.seen:  # what the owner queued lately, delivered or not: a late copy is dropped
+                self._remember(cid, msg_id)
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
             if local is not None:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
@@ -229,7 +237,8 @@ class SessionMigration:
                                      bases)
                 # The state goes out before the claim: the new owner adopts the session before its own buffered
                 # forwards to us are retargeted to it (delivered into that session, in order).
-                data = bytes([FROM_OWNER]) + encode_snapshot(epoch, record, queue, qos2)
+                seen = list(self._seen.pop(cid, {}))
+                data = bytes([FROM_OWNER]) + encode_handover(epoch, record, queue, qos2, seen)
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
@@ -246,8 +255,10 @@ class SessionMigration:
             clean = pending[2] if pending is not None else False
             if msg.present and msg.data[:1] == bytes([FROM_OWNER]):
                 # Adopt now, in stream order, even if the asker gave up: the owner has already let it go.
-                _epoch, record, queue, qos2 = decode_snapshot(msg.data[1:])
+                _epoch, record, queue, qos2, seen = decode_handover(msg.data[1:])
                 if not clean and record.expiry_interval > 0:
+                    for msg_id in seen:  # what the old owner already queued (and maybe delivered): not again
+                        self._remember(msg.client_id, msg_id)
                     current = self.claims.get(msg.client_id)
                     bases = extend_lineage(current.bases if current else {}, peer, record.next_seq)
                     self._origin[msg.client_id] = (MIGRATED, bases)

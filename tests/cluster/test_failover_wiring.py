@@ -8,8 +8,8 @@ from pathlib import Path
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import DeliveryState, Message, SessionRecord, SubscriptionOptions
-from appliance.cluster.ownership import OP_UPDATE
-from appliance.cluster.wire import Forward
+from appliance.cluster.ownership import OP_UPDATE, encode_handover
+from appliance.cluster.wire import Forward, SessionState
 from appliance.server.config import load
 from appliance.server.node import Node
 
@@ -57,6 +57,24 @@ async def test_a_message_that_reaches_a_session_twice_is_queued_once(tmp_path: P
     await _settle()
     assert [d.message.msg_id for d in session.queue] == ["nb-1-2"]
     assert [d.message.msg_id for d in node.store.load().queues["s"]] == ["nb-1-2"]  # durable state agrees
+    node.store.close()
+
+
+async def test_a_session_taken_over_brings_the_ids_of_messages_it_already_had(tmp_path: Path) -> None:
+    """Chaos finding: after a heal a node resent a forward the subscriber's old node had delivered and completed
+    (its ack was lost in the split); the subscriber had moved meanwhile, so the forward was retargeted to the new
+    owner, which delivered it again. The old owner's hand-over now names what it already queued."""
+    node = await _node(tmp_path)
+    wiring, broker = node.cluster, node.broker
+    assert wiring is not None
+    record = SessionRecord("s", 5, 3600, subscriptions={"t/#": SubscriptionOptions(qos=2)})
+    state = encode_handover(1000.0, record, [], [], ["nb-1-1"])  # nb-1-1 delivered and completed on the old owner
+    wiring._on_session_message("nb", SessionState(7, "s", True, bytes([1]) + state))  # FROM_OWNER, asker gave up
+    session = broker.sessions["s"]
+    wiring._on_forward("nc", Forward(1, _message(1, qos=2), ("s",)))  # the retargeted copy
+    wiring._on_forward("nc", Forward(2, _message(2, qos=2), ("s",)))
+    await _settle()
+    assert [d.message.msg_id for d in session.queue] == ["nb-1-2"]
     node.store.close()
 
 

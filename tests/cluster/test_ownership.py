@@ -74,6 +74,8 @@ def test_replica_applies_its_owners_operations_in_order() -> None:
         copy = apply_op(copy, "nc", op, data)
         assert copy is not None
     assert sorted(copy.queue) == [2, 3] and copy.delivery(2).packet_id == 9 and copy.qos2 == {4}
+    assert list(copy.seen) == ["m1", "m2", "m3"]  # removed m1 included: a resumed session drops a late copy of it
+    assert list(decode_copy(encode_copy(copy)).seen) == ["m1", "m2", "m3"]
     assert [d.message.payload for d in copy.deliveries()] == [b"p2", b"p3"]
     again = decode_copy(encode_copy(copy))
     assert sorted(again.queue) == [2, 3] and again.version == copy.version and again.record.subscriptions
