@@ -17,7 +17,8 @@ class BrokerSettings:
     max_connections: int = 10_000
     max_packet_size: int = 1_048_576  # bytes, both directions [MQTT-3.1.2-24]
     receive_maximum: int = 1024  # inbound QoS>0 window we announce [MQTT-3.2.2.3.3]
-    max_inflight: int = 256  # outbound window cap per session (the client's Receive Maximum may lower it)
+    max_inflight: int = 1024  # outbound window per session (the client's Receive Maximum may lower it); a message that
+    # waits for a slot costs one more durable write (its packet id) than one sent at once
     max_queued_messages: int = 100_000  # per session, waiting + inflight
     queue_full_policy: str = "drop-oldest"
     queue_qos0_offline: bool = False

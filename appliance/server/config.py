@@ -57,7 +57,7 @@ SPEC: dict[str, dict[str, Key]] = {
         "max_connections": Key(int, 10_000, "concurrent client connections", 1, 1_000_000),
         "max_packet_size": Key(int, 1_048_576, "largest packet accepted or sent, bytes", 64, 268_435_460),
         "receive_maximum": Key(int, 1024, "inbound QoS>0 messages a client may have unacknowledged", 1, 65535),
-        "max_inflight": Key(int, 256, "outbound unacknowledged QoS>0 messages per client", 1, 65535),
+        "max_inflight": Key(int, 1024, "outbound unacknowledged QoS>0 messages per client", 1, 65535),
         "max_queued_messages": Key(int, 100_000, "messages held per session (waiting + inflight)", 1, 10_000_000),
         "queue_full_policy": Key(str, "drop-oldest", "when a queue is full", choices=QUEUE_POLICIES),
         "queue_qos0_offline": Key(bool, False, "queue QoS0 messages for offline persistent sessions"),
