@@ -9,6 +9,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import adopt_session, release_session
+from appliance.broker.model import Delivery
 from appliance.cluster.ownership import (
     FROM_REPLICA,
     MIGRATED,
@@ -32,7 +33,7 @@ from appliance.cluster.ownership import (
     encode_handover,
     extend_lineage,
 )
-from appliance.cluster.wire import Replicate, SessionState, SessionTakeover
+from appliance.cluster.wire import Replicate, SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("appliance.cluster")
 SESSIONS = "sessions"
 FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
+SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
 Lineage = tuple[int, dict[str, int]]  # (claim origin, lineage bases) of a session being connected here
 
 
@@ -64,7 +66,10 @@ class SessionMigration:
     claims: dict[str, SessionClaim]
     copies: dict[str, ReplicaCopy]
     _origin: dict[str, Lineage]
+    _handing: dict[str, tuple[str, bytes]]  # client id -> (node taking it over, SessionState data) until SessionDone
+    _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
     _seen: dict[str, OrderedDict[str, None]]
+    r: int
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
     _request_id: int
     events: Any
@@ -83,10 +88,30 @@ class SessionMigration:
         """Ack a committed replica write (ClusterWiring)."""
         raise NotImplementedError
 
-    def _remember(self, cid: str, msg_id: str) -> bool:
-        """Record a message queued for a session here (ClusterWiring)."""
-        raise NotImplementedError
 
+
+    # -- once per session ---------------------------------------------------------------------------------------
+    def _remember(self, cid: str, msg_id: str) -> bool:
+        """Record that a message was queued for a session here; False if it already was."""
+        seen = self._seen.get(cid)
+        if seen is None:
+            seen = self._seen[cid] = OrderedDict()
+        elif msg_id in seen:
+            return False
+        seen[msg_id] = None
+        if len(seen) > SEEN_PER_SESSION:
+            seen.popitem(last=False)
+        return True
+
+    def _is_qos2(self, cid: str, packet_id: int | None) -> bool:
+        """ClusterStore hook: the delivery in flight under packet_id is QoS2 (its SENT state is replicated)."""
+        session = self.broker.sessions.get(cid) if self.broker is not None and self.r > 1 else None
+        delivery = session.inflight.get(packet_id) if session is not None and packet_id is not None else None
+        return delivery is not None and delivery.qos == 2
+
+    def _note_enqueued(self, cid: str, delivery: Delivery) -> None:
+        """ClusterStore hook: every durable enqueue (local routing, adoption, forwards)."""
+        self._remember(cid, delivery.message.msg_id)
 
     # -- queue replication (replica side) ------------------------------------------------------------------------
     def _on_replicate(self, peer: str, rep: Replicate) -> None:
@@ -166,6 +191,10 @@ class SessionMigration:
             answer = await self._async_ask(owner, cid, clean_start)
             if answer is not None:
                 return ReasonCode.SUCCESS  # an owner's session was adopted when its state arrived
+            # The link dropped (or the owner froze) with the question out: it may have let the session go to us
+            # already, and resends the state when the link is back. A fresh session here would lose that queue.
+            log.warning("CONNECT %s refused: no answer from its owner %s (retry)", cid, owner)
+            return ReasonCode.SERVER_UNAVAILABLE
         if not self.c["allow_register"]:
             log.warning("CONNECT %s refused: owner %s unreachable and allow_register = false", cid, owner)
             return ReasonCode.SERVER_UNAVAILABLE
@@ -239,9 +268,12 @@ class SessionMigration:
                 # forwards to us are retargeted to it (delivered into that session, in order).
                 seen = list(self._seen.pop(cid, {}))
                 data = bytes([FROM_OWNER]) + encode_handover(epoch, record, queue, qos2, seen)
+                self._handing[cid] = (peer, data)  # resent on every link-up until the taker says SessionDone
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
+            elif self._handing.get(cid, ("", b""))[0] == peer:  # asked again: the state may have been lost
+                self.svc.send(peer, SessionState(msg.request_id, cid, True, self._handing[cid][1]))
             elif self._owner_up_here(cid, msg.node):
                 claim = self.claims[cid]
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
@@ -255,8 +287,12 @@ class SessionMigration:
             clean = pending[2] if pending is not None else False
             if msg.present and msg.data[:1] == bytes([FROM_OWNER]):
                 # Adopt now, in stream order, even if the asker gave up: the owner has already let it go.
-                _epoch, record, queue, qos2, seen = decode_handover(msg.data[1:])
-                if not clean and record.expiry_interval > 0:
+                epoch, record, queue, qos2, seen = decode_handover(msg.data[1:])
+                self.svc.send(peer, SessionDone(msg.request_id, msg.client_id))
+                if self._adopted.get(msg.client_id) == epoch or self._have_since(msg.client_id, epoch):
+                    pass  # a resent hand-over we already have (adopted before a restart: the claim says so)
+                elif not clean and record.expiry_interval > 0:
+                    self._adopted[msg.client_id] = epoch
                     for msg_id in seen:  # what the old owner already queued (and maybe delivered): not again
                         self._remember(msg.client_id, msg_id)
                     current = self.claims.get(msg.client_id)
@@ -266,3 +302,17 @@ class SessionMigration:
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0
                 pending[0].set_result((kind, msg.data[1:]))
+        elif isinstance(msg, SessionDone) and self._handing.get(msg.client_id, ("", b""))[0] == peer:
+            del self._handing[msg.client_id]
+
+    def _have_since(self, cid: str, epoch: float) -> bool:
+        """We own the session under a claim at least as recent as a hand-over of that epoch."""
+        claim = self.claims.get(cid)
+        return (claim is not None and claim.owner == self.node_id and claim.epoch >= epoch
+                and self.broker is not None and cid in self.broker.sessions)
+
+    def _resend_handovers(self, peer: str) -> None:
+        """A link to `peer` is up: hand-overs it has not confirmed go out again (it adopts each one once)."""
+        for cid, (taker, data) in list(self._handing.items()):
+            if taker == peer:
+                self.svc.send(peer, SessionState(0, cid, True, data))

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import deliver_forwarded, release_session, session_image
-from appliance.broker.model import Delivery, Message, SessionRecord
+from appliance.broker.model import Message, SessionRecord
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
 from appliance.cluster.forwarding import ForwardReceiver, ForwardSender, ReplicaReceiver, ReplicaSender
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("appliance.cluster")
 SESSIONS, RETAINED = "sessions", "retained"
-SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
 
 
 def _key(seq: int) -> str:
@@ -81,6 +80,8 @@ class ClusterWiring(SessionMigration):
         self.assigned: dict[str, list[str]] = {}  # local persistent session -> its replica nodes
         self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
+        self._handing: dict[str, tuple[str, bytes]] = {}
+        self._adopted: dict[str, float] = {}
         self._requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]] = {}
         self._request_id = 0
         self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
@@ -418,28 +419,6 @@ class ClusterWiring(SessionMigration):
             deliver_forwarded(broker, message, fresh)
         return [c for c in clients if c not in sessions]
 
-    def _remember(self, cid: str, msg_id: str) -> bool:
-        """Record that a message was queued for a session here; False if it already was."""
-        seen = self._seen.get(cid)
-        if seen is None:
-            seen = self._seen[cid] = OrderedDict()
-        elif msg_id in seen:
-            return False
-        seen[msg_id] = None
-        if len(seen) > SEEN_PER_SESSION:
-            seen.popitem(last=False)
-        return True
-
-    def _is_qos2(self, cid: str, packet_id: int | None) -> bool:
-        """ClusterStore hook: the delivery in flight under packet_id is QoS2 (its SENT state is replicated)."""
-        session = self.broker.sessions.get(cid) if self.broker is not None and self.r > 1 else None
-        delivery = session.inflight.get(packet_id) if session is not None and packet_id is not None else None
-        return delivery is not None and delivery.qos == 2
-
-    def _note_enqueued(self, cid: str, delivery: Delivery) -> None:
-        """ClusterStore hook: every durable enqueue (local routing, adoption, forwards)."""
-        self._remember(cid, delivery.message.msg_id)
-
     def _forward_committed(self, peer: str, seq: int) -> None:
         """A received forward is durable here (and on the replicas): its cumulative ack goes out with the batch."""
         receiver = self.svc.receivers.setdefault(peer, ForwardReceiver(peer))
@@ -487,6 +466,8 @@ class ClusterWiring(SessionMigration):
         """Peer up / down: events, policy on pending acks, re-replication."""
         self._emit("peer_up" if up else "peer_down", peer_node=peer)
         log.info("peer %s %s", peer, "up" if up else "down")
+        if up:
+            self._resend_handovers(peer)
         if not up:
             if self.c["allow_publish"]:
                 self.store.peer_down(peer, "f")

@@ -78,6 +78,23 @@ async def test_a_session_taken_over_brings_the_ids_of_messages_it_already_had(tm
     node.store.close()
 
 
+async def test_a_resent_hand_over_is_adopted_once(tmp_path: Path) -> None:
+    """Chaos finding (a session lost): the old owner's SessionState went out on a link that was being replaced, the
+    asker gave up and started a fresh session. Now the old owner resends the state on every link-up until the taker
+    confirms (SessionDone), and the taker adopts a given hand-over once: a resend must not roll the session back."""
+    node = await _node(tmp_path)
+    wiring, broker = node.cluster, node.broker
+    assert wiring is not None
+    record = SessionRecord("s", 5, 3600, subscriptions={"t/#": SubscriptionOptions(qos=1)})
+    state = SessionState(7, "s", True, bytes([1]) + encode_handover(1000.0, record, [], [], []))
+    wiring._on_session_message("nb", state)
+    wiring._on_forward("nc", Forward(1, _message(1), ("s",)))  # queued after the adoption
+    wiring._on_session_message("nb", SessionState(0, "s", True, state.data))  # the resend after a link-up
+    await _settle()
+    assert [d.message.msg_id for d in broker.sessions["s"].queue] == ["nb-1-1"]
+    node.store.close()
+
+
 async def test_qos2_sent_and_released_states_are_replicated_qos1_sent_is_not(tmp_path: Path) -> None:
     """Chaos finding (QoS2 duplicates after failover): the replica did not know which QoS2 PUBLISH had been sent,
     so a resumed session sent it again as a new message. SENT (with its packet id) and RELEASED of a QoS2
