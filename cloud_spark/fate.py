@@ -5,57 +5,64 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from cloud_spark import stamps
+
 FATES = ("acked", "delivered", "delivered_not_acked", "dropped", "expired", "lost", "pending")
 PAIR_KINDS = ("routed", "queued_offline", "delivered", "acked", "expired", "dropped")
-STAMP_FIELDS = ("node", "device", "firmware", "boot_id", "ts_mono_us", "ts_us", "boot_synced")
 DEFAULT_GRACE_US = 60_000_000
-
-
-def _first(kind: str, col: Column | None = None) -> Column:
-    """The stamp (where and when) of the earliest event of this kind in the group."""
-    value = col if col is not None else F.struct(*STAMP_FIELDS)
-    return F.min_by(F.when(F.col("kind") == kind, value), F.when(F.col("kind") == kind, F.col("ts_us")))
 
 
 def _count(cond: Column) -> Column:
     return F.sum(F.when(cond, 1).otherwise(0))
 
 
-def messages(timed: DataFrame) -> DataFrame:
+def messages(timed: DataFrame, place_rows: DataFrame) -> DataFrame:
     """One row per message: ingress stamps (received, committed) and the publisher's identity."""
+    kind = F.col("kind")
     broker = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull())
-    ingress = broker.where(F.col("kind").isin("received", "committed", "dropped") & F.col("subscriber").isNull())
-    return ingress.groupBy("fleet", "msg_id").agg(
-        _first("received").alias("received"),
-        _first("committed").alias("committed"),
-        F.max(F.when(F.col("kind") == "received", F.col("publisher"))).alias("publisher"),
-        F.max(F.when(F.col("kind") == "received", F.col("publisher_seq"))).alias("publisher_seq"),
-        F.max(F.when(F.col("kind") == "received", F.col("topic"))).alias("topic"),
-        F.max(F.when(F.col("kind") == "received", F.col("qos"))).alias("msg_qos"),
-        F.max_by(F.when(F.col("kind") == "dropped", F.col("reason")),
-                 F.when(F.col("kind") == "dropped", F.col("ts_us"))).alias("ingress_drop_reason"),
+    ingress = broker.where(kind.isin("received", "committed") & F.col("subscriber").isNull())
+    firsts = [c.alias(f"{k}_{part}") for k in ("received", "committed")
+              for c, part in zip(stamps.first(kind == k), ("place", "ts"), strict=True)]
+    out = ingress.groupBy("fleet", "msg_id").agg(
+        *firsts,
+        F.max(F.when(kind == "received", F.col("publisher"))).alias("publisher"),
+        F.max(F.when(kind == "received", F.col("publisher_seq"))).alias("publisher_seq"),
+        F.max(F.when(kind == "received", F.col("topic"))).alias("topic"),
+        F.max(F.when(kind == "received", F.col("qos"))).alias("msg_qos"),
     )
+    for name in ("received", "committed"):
+        out = stamps.attach(out, name, place_rows)
+    return out
 
 
-def pairs(timed: DataFrame) -> DataFrame:
-    """One row per (message, intended subscriber) seen in any per-subscriber broker event."""
+def pairs(timed: DataFrame, place_rows: DataFrame) -> DataFrame:
+    """One row per (message, intended subscriber) seen in any per-subscriber broker event.
+
+    One hash aggregation over the per-subscriber events (stamps as place and time, see stamps.py); the drop reason,
+    the one string, comes from the dropped events alone.
+    """
     kind = F.col("kind")
     per_sub = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull()
                           & F.col("subscriber").isNotNull() & kind.isin(*PAIR_KINDS))
-    return per_sub.groupBy("fleet", "msg_id", "subscriber").agg(
-        _first("routed").alias("routed"),
-        _first("delivered").alias("delivered"),
-        _first("acked").alias("acked"),
+    key = ["fleet", "msg_id", "subscriber"]
+    firsts = [c.alias(f"{k}_{part}") for k in ("routed", "delivered", "acked")
+              for c, part in zip(stamps.first(kind == k), ("place", "ts"), strict=True)]
+    seen_place, seen_ts = stamps.last()
+    agg = per_sub.groupBy(*key).agg(
+        *firsts,
         F.max(F.when(kind.isin("routed", "delivered"), F.col("qos"))).alias("pair_qos"),
         _count(kind == "delivered").alias("deliveries"),
         _count((kind == "delivered") & F.coalesce(F.col("dup"), F.lit(False))).alias("dup_flag_deliveries"),
         _count(kind == "queued_offline").alias("queued"),
         _count(kind == "expired").alias("expired"),
-        F.max_by(F.when(kind == "dropped", F.coalesce(F.col("reason"), F.lit("unspecified"))),
-                 F.when(kind == "dropped", F.col("ts_us"))).alias("drop_reason"),
-        F.max("ts_us").alias("last_us"),
-        F.max_by(F.struct("node", "device", "firmware"), F.col("ts_us")).alias("last_seen"),
-    )
+        seen_ts.alias("last_us"), seen_place.alias("last_seen_place"),
+    ).withColumn("last_seen_ts", F.col("last_us"))
+    drops = per_sub.where(kind == "dropped").groupBy(*key).agg(
+        F.max_by(F.coalesce(F.col("reason"), F.lit("unspecified")), F.col("ts_us")).alias("drop_reason"))
+    agg = agg.join(drops, key, "left")
+    for name in ("routed", "delivered", "acked"):
+        agg = stamps.attach(agg, name, place_rows)
+    return stamps.attach(agg, "last_seen", place_rows, ("node", "device", "firmware"))
 
 
 def receipts(timed: DataFrame) -> DataFrame:
@@ -130,7 +137,10 @@ def fates(pair_rows: DataFrame, message_rows: DataFrame, receipt_rows: DataFrame
     )
 
 
-def ingress_drops(message_rows: DataFrame) -> DataFrame:
-    """Messages dropped before routing (no subscriber involved), by reason."""
-    return (message_rows.where(F.col("ingress_drop_reason").isNotNull())
-            .groupBy("fleet", F.col("ingress_drop_reason").alias("reason")).agg(F.count(F.lit(1)).alias("messages")))
+def ingress_drops(timed: DataFrame) -> DataFrame:
+    """Messages dropped before routing (no subscriber involved), by reason (the last one given per message)."""
+    dropped = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull() & (F.col("kind") == "dropped")
+                          & F.col("subscriber").isNull())
+    per_msg = dropped.groupBy("fleet", "msg_id").agg(F.max_by(F.col("reason"), F.col("ts_us")).alias("reason"))
+    return (per_msg.where(F.col("reason").isNotNull())
+            .groupBy("fleet", "reason").agg(F.count(F.lit(1)).alias("messages")))

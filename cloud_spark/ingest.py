@@ -140,9 +140,24 @@ def accepted(checked: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS)
                        F.coalesce(F.col("path_date"), wall_date).alias("date"))
 
 
-def dedupe(events: DataFrame) -> DataFrame:
-    """One row per event_id (re-uploads repeat records); `copies` says how many times it was seen."""
+def repeated_ids(events: DataFrame) -> DataFrame:
+    """The event ids seen more than once, with how often (only ids are shuffled to count them)."""
+    return (events.groupBy("event_id").agg(F.count(F.lit(1)).alias("copies"))
+            .where(F.col("copies") > 1))
+
+
+def dedupe(events: DataFrame, repeated: DataFrame | None = None) -> DataFrame:
+    """One row per event_id (re-uploads repeat records); `copies` says how many times it was seen.
+
+    The (usually few) repeated records are collapsed on their own and every other record passes through, so the
+    wide rows are never sorted by id; given `repeated` (repeated_ids, written out and read back), Spark knows it
+    is small and broadcasts it.
+    """
+    if repeated is None:
+        repeated = repeated_ids(events)
     others = [c for c in events.columns if c != "event_id"]
-    return (events.groupBy("event_id")
-            .agg(*[F.first(c).alias(c) for c in others], F.count(F.lit(1)).alias("copies"))
-            .select(*events.columns, "copies"))
+    once = (events.join(repeated.select("event_id"), "event_id", "left_anti")
+            .withColumn("copies", F.lit(1).cast("long")))
+    collapsed = (events.join(repeated.select("event_id"), "event_id", "left_semi").groupBy("event_id")
+                 .agg(*[F.first(c).alias(c) for c in others], F.count(F.lit(1)).alias("copies")))
+    return once.select(*events.columns, "copies").unionByName(collapsed.select(*events.columns, "copies"))

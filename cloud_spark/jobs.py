@@ -12,10 +12,12 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cloud_spark import clock, fate, ingest, latency, ordering, rollups
+from cloud_spark import clock, fate, ingest, latency, ordering, rollups, stamps
 from cloud_spark.schema import VERSIONS, VersionSpec, parse_schema
 from cloud_spark.summary import build_summary
 
+TIMED_COLUMNS = ("fleet", "node", "device", "boot_id", "source", "kind", "msg_id", "subscriber", "publisher",
+                 "publisher_seq", "topic", "qos", "dup", "reason", "peer_node", "ts_us", "place")
 PATH_COLUMNS = {"fleet": "path_fleet", "date": "path_date", "device": "path_device"}
 
 
@@ -89,7 +91,10 @@ def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | 
         try:
             (ingest.quarantine(checked).write.mode("overwrite").partitionBy("path_fleet", "path_date")
              .parquet(f"{out}/quarantine"))
-            (ingest.dedupe(ingest.accepted(checked, versions)).write.mode("overwrite")
+            good = ingest.accepted(checked, versions)
+            ingest.repeated_ids(good).write.mode("overwrite").parquet(f"{out}/_staging/repeated")
+            repeated = spark.read.parquet(f"{out}/_staging/repeated")
+            (ingest.dedupe(good, repeated).write.mode("overwrite")
              .partitionBy("fleet", "date").parquet(f"{out}/events"))
         finally:
             checked.unpersist()
@@ -110,25 +115,31 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
     """events -> clocks, fate, ordering, latency, roll-ups, incidents (Parquet) and summary.json."""
     events = spark.read.parquet(f"{out}/events")
     with step("analyze: clocks"):
-        clock.boot_clocks(events).write.mode("overwrite").parquet(f"{out}/clocks")
-    clocks = spark.read.parquet(f"{out}/clocks")
+        per_place = clock.place_clocks(events).cache()  # one pass over the events; small
+        try:
+            clock.boot_clocks(per_place).write.mode("overwrite").parquet(f"{out}/clocks")
+            clocks = spark.read.parquet(f"{out}/clocks")
+            stamps.places(per_place, clocks).write.mode("overwrite").parquet(f"{out}/places")
+        finally:
+            per_place.unpersist()
+    places = spark.read.parquet(f"{out}/places")
     if window_end_us is None:
         window_end_us = int(clocks.agg(F.max("last_us")).first()[0])  # type: ignore[index]
-    timed = clock.with_event_time(events, clocks)
+    # every analysis pass reads these columns of the events: one scan, kept in memory (spills to disk if need be)
+    timed = clock.with_event_time(events, places).select(*TIMED_COLUMNS).persist()
     with step("analyze: message fate"):
-        msgs = fate.messages(timed)
-        facts = fate.fates(fate.pairs(timed), msgs, fate.receipts(timed), fate.logged_clients(timed),
-                           window_end_us, grace_us)
+        facts = fate.fates(fate.pairs(timed, places), fate.messages(timed, places), fate.receipts(timed),
+                           fate.logged_clients(timed), window_end_us, grace_us)
         facts.write.mode("overwrite").partitionBy("fleet", "date").parquet(f"{out}/fate")
-        fate.ingress_drops(msgs).write.mode("overwrite").parquet(f"{out}/ingress_drops")
+        fate.ingress_drops(timed).write.mode("overwrite").parquet(f"{out}/ingress_drops")
     fates = spark.read.schema(facts.schema).parquet(f"{out}/fate")  # schema given: an empty table still reads
     with step("analyze: ordering"):
         arr = ordering.arrivals(fates)
         ordering.late_deliveries(arr).write.mode("overwrite").parquet(f"{out}/late")
         late = spark.read.parquet(f"{out}/late")
-        ordering.streams(arr, late).write.mode("overwrite").parquet(f"{out}/streams")
+        ordering.streams(ordering.delivered(fates), late).write.mode("overwrite").parquet(f"{out}/streams")
     with step("analyze: latency"):
-        lat = latency.hop_latencies(fates, latency.forwards(timed))
+        lat = latency.hop_latencies(fates, latency.forwards(timed, places), places)
         lat.write.mode("overwrite").partitionBy("fleet", "hop").parquet(f"{out}/latency")
         lat = spark.read.schema(lat.schema).parquet(f"{out}/latency")
         latency.latency_summary(lat).write.mode("overwrite").parquet(f"{out}/latency_summary")
@@ -138,6 +149,7 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
             rollups.rollup(fates, late, dim).write.mode("overwrite").parquet(f"{out}/rollup_{dim}")
         inc = rollups.incidents(timed, window_end_us)
         rollups.incident_impact(inc, fates, late).write.mode("overwrite").parquet(f"{out}/incidents")
+    timed.unpersist()
     with step("analyze: summary"):
         summary = build_summary(spark, out, window_end_us, grace_us, ingest_summary)
         write_text(spark, f"{out}/summary.json", json.dumps(summary, indent=2, sort_keys=True))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from cloud_spark import stamps
+
 HOPS = ("receive_commit", "receive_deliver", "deliver_ack", "forward_rtt", "inter_node")
 QUANTILES = (0.5, 0.95, 0.99)
 ACCURACY = 10_000
@@ -31,25 +33,34 @@ def _hop(rows: DataFrame, hop: str, a: str, b: str, subscriber: Column) -> DataF
         latency.alias("latency_us"), method.alias("method"), ok.alias("clock_ok"))
 
 
-def forwards(timed: DataFrame) -> DataFrame:
+def forwards(timed: DataFrame, place_rows: DataFrame) -> DataFrame:
     """Per (message, forwarding node, peer): when it was forwarded and when the peer acknowledged it."""
-    stamp = F.struct("node", "device", "firmware", "boot_id", "ts_mono_us", "ts_us", "boot_synced")
     fw = timed.where(F.col("kind").isin("forwarded", "forward_acked") & F.col("msg_id").isNotNull())
-    first = {k: F.min_by(F.when(F.col("kind") == k, stamp), F.when(F.col("kind") == k, F.col("ts_us")))
-             for k in ("forwarded", "forward_acked")}
-    return fw.groupBy("fleet", "msg_id", "node", "peer_node").agg(
-        first["forwarded"].alias("forwarded_at"), first["forward_acked"].alias("forward_acked_at"))
+    firsts = [c.alias(f"{k}_at_{part}") for k in ("forwarded", "forward_acked")
+              for c, part in zip(stamps.first(F.col("kind") == k), ("place", "ts"), strict=True)]
+    out = fw.groupBy("fleet", "msg_id", "node", "peer_node").agg(*firsts)
+    for name in ("forwarded_at", "forward_acked_at"):
+        out = stamps.attach(out, name, place_rows)
+    return out
 
 
-def hop_latencies(fate_rows: DataFrame, forward_rows: DataFrame) -> DataFrame:
+def hop_latencies(fate_rows: DataFrame, forward_rows: DataFrame, place_rows: DataFrame) -> DataFrame:
     """One row per measured hop of one message (and subscriber where the hop has one)."""
     no_sub = F.lit(None).cast("string")
-    firsts_on_node = (fate_rows.where(F.col("routed_at").isNotNull())
-                      .groupBy("fleet", "msg_id", F.col("routed_at.node").alias("peer_node"))
-                      .agg(F.min_by("routed_at", "routed_at.ts_us").alias("peer_at")))
+    routed = F.col("routed_at")
+    on_peer = (fate_rows.where(routed.isNotNull()).withColumn("place", stamps.stamp_place("fleet", routed))
+               .withColumn("ts", routed.ts_us))
+    peer_place, peer_ts = stamps.first(F.lit(True), ts="ts")
+    firsts_on_node = stamps.attach(
+        on_peer.groupBy("fleet", "msg_id", routed.node.alias("peer_node"))
+        .agg(peer_place.alias("peer_at_place"), peer_ts.alias("peer_at_ts")), "peer_at", place_rows)
     fw = forward_rows.join(firsts_on_node, ["fleet", "msg_id", "peer_node"], "left")
-    msgs = fate_rows.groupBy("fleet", "msg_id").agg(F.first("received_at").alias("received_at"),
-                                                    F.first("committed_at").alias("committed_at"))
+    # every pair of a message carries the same ingress stamps: any one will do (max keeps it hash-aggregatable)
+    msgs = fate_rows.groupBy("fleet", "msg_id").agg(*[
+        F.max(c).alias(f"{name}_{part}") for name in ("received_at", "committed_at")
+        for c, part in ((stamps.stamp_place("fleet", F.col(name)), "place"), (F.col(name).ts_us, "ts"))])
+    for name in ("received_at", "committed_at"):
+        msgs = stamps.attach(msgs, name, place_rows)
     parts = [
         _hop(msgs, "receive_commit", "received_at", "committed_at", no_sub),
         _hop(fate_rows, "receive_deliver", "received_at", "delivered_at", F.col("subscriber")),

@@ -15,10 +15,14 @@ from pyspark.sql import functions as F
 STREAM = ("fleet", "publisher", "subscriber")
 
 
+def delivered(fate_rows: DataFrame) -> DataFrame:
+    """The (message, subscriber) rows that arrived and belong to a stream: what ordering looks at."""
+    return fate_rows.where(F.col("first_delivered_us").isNotNull() & F.col("publisher").isNotNull())
+
+
 def arrivals(fate_rows: DataFrame) -> DataFrame:
     """Delivered (message, subscriber) rows with publish rank and arrival position within their stream."""
-    delivered = fate_rows.where(F.col("first_delivered_us").isNotNull() & F.col("publisher").isNotNull())
-    ranked = delivered.withColumn("pub_rank", F.coalesce(F.col("publisher_seq"), F.col("received_us")))
+    ranked = delivered(fate_rows).withColumn("pub_rank", F.coalesce(F.col("publisher_seq"), F.col("received_us")))
     by_arrival = Window.partitionBy(*STREAM).orderBy("first_delivered_us", "pub_rank", "msg_id")
     before = by_arrival.rowsBetween(Window.unboundedPreceding, -1)
     return ranked.select(
@@ -45,7 +49,10 @@ def late_deliveries(arrival_rows: DataFrame) -> DataFrame:
 
 
 def streams(arrival_rows: DataFrame, late_rows: DataFrame) -> DataFrame:
-    """Per stream: deliveries, late deliveries, inversion count and the largest displacement."""
+    """Per stream: deliveries, late deliveries, inversion count and the largest displacement.
+
+    arrival_rows: arrivals() or just delivered() (only the stream columns are counted).
+    """
     counts = arrival_rows.groupBy(*STREAM).agg(F.count(F.lit(1)).alias("deliveries"))
     lateness = late_rows.groupBy(*STREAM).agg(
         F.count(F.lit(1)).alias("late"), F.sum("displacement").alias("inversions"),
