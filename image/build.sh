@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the flashable arm64 SD-card image: rootfs -> wheels -> appliance -> configure -> disk (see image/README.md).
+# Build the flashable arm64 SD-card image: rootfs -> wheels -> appliance -> base -> configure -> disk (image/README.md).
 set -euo pipefail
 
 IMAGE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -15,12 +15,13 @@ usage() {
 usage: image/build.sh [--out DIR] [--cache DIR] [--no-compress] [--rebuild-rootfs] [--keep-work]
 
   --out DIR         outputs (default image/out): appliance-arm64.img[.xz], .sha256, packages.tsv, ...
-  --cache DIR       stage cache (default image/cache): rootfs tarball and wheelhouse, keyed by input hashes
+  --cache DIR       stage cache (default image/cache): rootfs, wheelhouse, base tree and file systems, xz blocks
   --no-compress     stop at the raw .img (tests and quick iterations); no .img.xz / .sha256
   --rebuild-rootfs  ignore a cached rootfs for the current inputs and build it again
   --keep-work       keep DIR/work (the root tree and partition files) after the build
 
-environment: SOURCE_DATE_EPOCH (default: commit time of HEAD), XZ_LEVEL (default 3), PYTHON_WHEEL_PIP
+environment: SOURCE_DATE_EPOCH (default: commit time of HEAD), XZ_LEVEL (default 3), PYTHON_WHEEL_PIP,
+             HOST_PYTHON (default /usr/bin/python3: byte-compiles the appliance if it compiles like the image's)
 EOF
 }
 
@@ -42,13 +43,16 @@ while [ $# -gt 0 ]; do
 done
 
 [ "$(id -u)" = 0 ] || die "must run as root (mmdebstrap, chroot, file ownership in the root tree)"
-for tool in mmdebstrap sfdisk mkfs.vfat mcopy mkfs.ext4 e2fsck fsck.vfat xz unshare dpkg-query python3; do
+for tool in mmdebstrap sfdisk mkfs.vfat mcopy mkfs.ext4 e2fsck debugfs fsck.vfat unzip unshare dpkg-query python3; do
   command -v "$tool" >/dev/null || die "missing $tool: run scripts/setup.sh"
 done
 mkdir -p "$OUT" "$CACHE"
 OUT=$(cd "$OUT" && pwd)
 CACHE=$(cd "$CACHE" && pwd)
 export IMAGE_DIR REPO OUT CACHE
+HOST_PYTHON=${HOST_PYTHON:-/usr/bin/python3}
+export XZ_LEVEL=${XZ_LEVEL:-3}
+[ -x "$HOST_PYTHON" ] || die "HOST_PYTHON $HOST_PYTHON is not an executable python"
 
 # One build at a time per cache (the test suite and a developer may both start one).
 exec 9>"$CACHE/.lock"
@@ -66,7 +70,7 @@ ROOT=$WORK/root
 : >"$OUT/timings.tsv"
 log "image build: out=$OUT cache=$CACHE SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH"
 
-for stage in rootfs wheels appliance configure disk; do
+for stage in rootfs wheels appliance base configure disk; do
   # shellcheck source=/dev/null
   . "$IMAGE_DIR/stages/$stage.sh"
 done
@@ -74,6 +78,7 @@ done
 stage_rootfs
 stage_wheels
 stage_appliance
+stage_base
 stage_configure
 stage_disk
 

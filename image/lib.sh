@@ -12,7 +12,8 @@ log() {
 
 die() { log "ERROR: $*"; exit 1; }
 
-# stage_begin NAME / stage_end: stage banners with per-stage elapsed time; stage_end appends to $OUT/timings.tsv.
+# stage_begin NAME / stage_end [NOTE]: stage banners with per-stage elapsed time; stage_end appends name, seconds,
+# note and the 1-minute load average to $OUT/timings.tsv.
 stage_begin() {
   STAGE_NAME=$1
   STAGE_T0=$(date +%s.%N)
@@ -22,7 +23,7 @@ stage_end() {
   local secs
   secs=$(awk -v a="$(date +%s.%N)" -v b="$STAGE_T0" 'BEGIN { print a - b }')
   log "<== stage $STAGE_NAME done in $(printf '%.1f' "$secs")s${1:+ ($1)}"
-  printf '%s\t%.1f\t%s\n' "$STAGE_NAME" "$secs" "${1:-}" >>"$OUT/timings.tsv"
+  printf '%s\t%.1f\t%s\t%s\n' "$STAGE_NAME" "$secs" "${1:-}" "$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/timings.tsv"
 }
 
 # hash_inputs ARG...: a short sha256 over files (by content) and literal strings (prefixed 's:'), in order.
