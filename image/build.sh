@@ -20,7 +20,7 @@ usage: image/build.sh [--out DIR] [--cache DIR] [--no-compress] [--rebuild-rootf
   --rebuild-rootfs  ignore a cached rootfs for the current inputs and build it again
   --keep-work       keep DIR/work (the root tree and partition files) after the build
 
-environment: SOURCE_DATE_EPOCH (default: commit time of HEAD), XZ_LEVEL (default 3), PYTHON_WHEEL_PIP,
+environment: SOURCE_DATE_EPOCH (default: commit time of HEAD), XZ_LEVEL (default 1), PYTHON_WHEEL_PIP,
              HOST_PYTHON (default /usr/bin/python3: byte-compiles the appliance if it compiles like the image's)
 EOF
 }
@@ -51,7 +51,7 @@ OUT=$(cd "$OUT" && pwd)
 CACHE=$(cd "$CACHE" && pwd)
 export IMAGE_DIR REPO OUT CACHE
 HOST_PYTHON=${HOST_PYTHON:-/usr/bin/python3}
-export XZ_LEVEL=${XZ_LEVEL:-3}
+export XZ_LEVEL=${XZ_LEVEL:-1}
 [ -x "$HOST_PYTHON" ] || die "HOST_PYTHON $HOST_PYTHON is not an executable python"
 
 # One build at a time per cache (the test suite and a developer may both start one).

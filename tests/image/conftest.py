@@ -72,7 +72,9 @@ def built_image() -> Image:
         out = Path(prebuilt)
         info = json.loads((out / "build-info.json").read_text())
         return Image(out=out, img=out / info["image"], info=info)
-    env = dict(os.environ, XZ_LEVEL=os.environ.get("IMAGE_TEST_XZ_LEVEL", "3"))
+    env = dict(os.environ)
+    if "IMAGE_TEST_XZ_LEVEL" in os.environ:
+        env["XZ_LEVEL"] = os.environ["IMAGE_TEST_XZ_LEVEL"]
     OUT.mkdir(parents=True, exist_ok=True)
     log = OUT / "build.log"  # progress lines while it runs: tail -f image/out/pytest/build.log
     with log.open("w") as f:
