@@ -382,7 +382,8 @@ class Broker:
             return
         record = session.record
         topic = packet.topic
-        if topic.startswith("$") or not self.acl.allowed(WRITE, record.username, record.client_id, topic):
+        acl = self.acl
+        if topic.startswith("$") or (acl.enabled and not acl.allowed(WRITE, record.username, record.client_id, topic)):
             self.metrics.drop("acl")
             if self.events is not None:
                 self.events.emit("dropped", topic=topic, publisher=record.client_id, reason="acl")

@@ -79,9 +79,9 @@ class Router:
                 continue
             self._aggregate(targets, client_id, topic_filter, options, message)
         chosen_remote: list[str] = []
-        remote_groups = {(group, topic_filter): members for group, topic_filter, members in remote_shared}
+        remote_groups = {(g, f): members for g, f, members in remote_shared} if remote_shared else {}
         for group, topic_filter, members in match.shared:
-            remote = remote_groups.pop((group, topic_filter), None)
+            remote = remote_groups.pop((group, topic_filter), None) if remote_groups else None
             chosen = self._pick_member(group, topic_filter, members, remote)
             if chosen in members:
                 self._aggregate(targets, chosen, f"$share/{group}/{topic_filter}", members[chosen], message)
