@@ -71,13 +71,14 @@ def assemble(blocks: list[tuple[bytes, int, int]]) -> list[bytes]:
     return [header, *(b for b, _, _ in blocks), bytes(index), footer]
 
 
-def chunk_digests(image: Path, size: int) -> list[str]:
-    """sha256 of each SIZE-byte chunk of the image."""
-    digests = []
+def chunk_digests(image: Path, size: int) -> tuple[list[str], str]:
+    """sha256 of each SIZE-byte chunk of the image, and of the whole image (one read for both)."""
+    digests, whole = [], hashlib.sha256()
     with image.open("rb") as f:
         while chunk := f.read(size):
             digests.append(hashlib.sha256(chunk).hexdigest())
-    return digests
+            whole.update(chunk)
+    return digests, whole.hexdigest()
 
 
 def compress_chunk(image: Path, index: int, size: int, preset: int, dest: Path) -> None:
@@ -91,7 +92,7 @@ def compress_chunk(image: Path, index: int, size: int, preset: int, dest: Path) 
 
 
 def main(argv: list[str]) -> int:
-    """xzchunks.py IMAGE OUT.xz --cache DIR [--level N] [--chunk-mib N] [--jobs N]."""
+    """xzchunks.py IMAGE OUT.xz --cache DIR [--level N] [--chunk-mib N] [--jobs N] [--image-sha256 FILE]."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("image", type=Path)
     p.add_argument("out", type=Path)
@@ -99,10 +100,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--level", type=int, default=3)
     p.add_argument("--chunk-mib", type=int, default=16)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--image-sha256", type=Path, help="also write the raw image's sha256sum line here")
     args = p.parse_args(argv)
     size = args.chunk_mib << 20
     args.cache.mkdir(parents=True, exist_ok=True)
-    digests = chunk_digests(args.image, size)
+    digests, whole = chunk_digests(args.image, size)
+    if args.image_sha256:
+        args.image_sha256.write_text(f"{whole}  {args.image.name}\n")
     paths = [args.cache / f"{d}-{args.chunk_mib}m-{args.level}.xz" for d in digests]
     missing = sorted({path: i for i, path in enumerate(paths) if not path.exists()}.items(), key=lambda kv: kv[1])
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # liblzma runs without the GIL

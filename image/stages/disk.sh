@@ -6,14 +6,9 @@ IMAGE_NAME=appliance-arm64
 
 stage_disk() {
   stage_begin disk
-  local root_img=$WORK/root.ext4 img=$OUT/$IMAGE_NAME.img used_mib root_mib total_mib boot_start root_start
+  local img=$OUT/$IMAGE_NAME.img used_mib root_mib total_mib boot_start root_start root_part
   # shellcheck source=/dev/null
   . "$BASE/sizes"
-
-  # Root: a copy of the base file system plus the files stage configure added (debugfs; nothing mounted).
-  cp --sparse=always "$BASE/root.ext4" "$root_img"
-  run_debugfs "$root_img" "$WORK/delta.cmds" "$SOURCE_DATE_EPOCH"
-  e2fsck -fn "$root_img" >/dev/null 2>&1 || die "e2fsck reports errors on the new root filesystem"
 
   # MBR: partition 1 FAT32 (LBA, type c) from PART_OFFSET_MIB, partition 2 Linux right after it.
   boot_start=$((PART_OFFSET_MIB * 2048))
@@ -30,20 +25,26 @@ start=$boot_start, size=$((BOOT_MIB * 2048)), type=c
 start=$root_start, size=$((root_mib * 2048)), type=83
 EOF
   dd if="$BASE/boot.vfat" of="$img" bs=1M seek="$PART_OFFSET_MIB" conv=notrunc,sparse status=none
-  dd if="$root_img" of="$img" bs=1M seek=$((PART_OFFSET_MIB + BOOT_MIB)) conv=notrunc,sparse status=none
+  dd if="$BASE/root.ext4" of="$img" bs=1M seek=$((PART_OFFSET_MIB + BOOT_MIB)) conv=notrunc,sparse status=none
+  # Root: the base file system plus the files stage configure added, written by debugfs into the partition in place
+  # (e2fsprogs' "file?offset=" names it; nothing mounted).
+  root_part="$img?offset=$((root_start * 512))"
+  run_debugfs "$root_part" "$WORK/delta.cmds" "$SOURCE_DATE_EPOCH"
+  e2fsck -fn "$root_part" >/dev/null 2>&1 || die "e2fsck reports errors on the new root filesystem"
   touch --date="@$SOURCE_DATE_EPOCH" "$img"
-  sha256sum "$img" | sed "s:  .*:  $IMAGE_NAME.img:" >"$img.sha256"
 
-  rm -f "$img.xz" "$img.xz.sha256"
+  rm -f "$img.sha256" "$img.xz" "$img.xz.sha256"
   if [ "$COMPRESS" = 1 ]; then
     # One .xz stream of 16 MiB blocks compressed on all cores; a block whose input has not changed since an earlier
     # build comes from CACHE/xz (after an appliance change, most of the image).
     log "compressing $total_mib MiB with xz -$XZ_LEVEL"
-    python3 "$IMAGE_DIR/xzchunks.py" "$img" "$img.xz" --cache "$CACHE/xz" --level "$XZ_LEVEL" 2>&1 |
-      sed -u 's/^/    /' >&2
+    python3 "$IMAGE_DIR/xzchunks.py" "$img" "$img.xz" --cache "$CACHE/xz" --level "$XZ_LEVEL" \
+      --image-sha256 "$img.sha256" 2>&1 | sed -u 's/^/    /' >&2
     [ -f "$img.xz" ] || die "xz compression failed"
     touch --date="@$SOURCE_DATE_EPOCH" "$img.xz"
     (cd "$OUT" && sha256sum "$IMAGE_NAME.img.xz" >"$IMAGE_NAME.img.xz.sha256")
+  else
+    sha256sum "$img" | sed "s:  .*:  $IMAGE_NAME.img:" >"$img.sha256"
   fi
   write_build_info "$used_mib" "$root_mib" "$total_mib"
   if [ -f "$img.xz" ]; then
