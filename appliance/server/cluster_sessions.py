@@ -299,6 +299,7 @@ class SessionMigration:
                     bases = extend_lineage(current.bases if current else {}, peer, record.next_seq)
                     self._origin[msg.client_id] = (MIGRATED, bases)
                     adopt_session(broker, record, queue, qos2)
+                    log.info("session %s handed over by %s (%d queued)", msg.client_id, peer, len(queue))
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0
                 pending[0].set_result((kind, msg.data[1:]))

@@ -374,10 +374,15 @@ class ClusterWiring(SessionMigration):
         other clients of the old node too stays in that stream for them, narrowed (a detour would reorder it)."""
         if old == self.node_id:
             return
+        if new == self.node_id and (self.broker is None or cid not in self.broker.sessions):
+            return  # the hand-over has not arrived yet: the old node passes these on after it, in order
         sender = self.svc.senders.get(old)
         if sender is None:
             return
-        for buffered in [f for f in sender.resend() if cid in f.clients]:
+        moving = [f for f in sender.resend() if cid in f.clients]
+        if moving:
+            log.info("session %s moved %s -> %s: %d buffered forwards follow it", cid, old, new, len(moving))
+        for buffered in moving:
             waiters: list[Any] = []
             if set(buffered.clients) == {cid}:
                 [(fwd, waiters)] = sender.retarget([buffered.seq])
