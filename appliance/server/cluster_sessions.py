@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from appliance.cluster.ownership import (
     encode_handover,
     extend_lineage,
 )
-from appliance.cluster.wire import Replicate, SessionDone, SessionState, SessionTakeover
+from appliance.cluster.wire import Repair, Replicate, SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("appliance.cluster")
 SESSIONS = "sessions"
 FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
+RELEASED_PUSH_S = 300.0  # a session let go this recently has its claim pushed to every peer that links up
 SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
 Lineage = tuple[int, dict[str, int]]  # (claim origin, lineage bases) of a session being connected here
 
@@ -68,6 +70,7 @@ class SessionMigration:
     _origin: dict[str, Lineage]
     _handing: dict[str, tuple[str, bytes]]  # client id -> (node taking it over, SessionState data) until SessionDone
     _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
+    _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
     _seen: dict[str, OrderedDict[str, None]]
     r: int
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
@@ -86,6 +89,10 @@ class SessionMigration:
 
     def _replica_committed(self, peer: str, seq: int) -> None:
         """Ack a committed replica write (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _retarget(self, cid: str, old: str, new: str) -> None:
+        """Our buffered forwards for a moved client follow it (ClusterWiring)."""
         raise NotImplementedError
 
 
@@ -239,6 +246,7 @@ class SessionMigration:
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
             if local is not None:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
+            self._retarget(cid, owner, self.node_id)  # now, before any newer local publish reaches the session
             self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
             log.info("session %s resumed from a replica (%d queued), owner %s unreachable", cid, len(queue), owner)
         return ReasonCode.SUCCESS
@@ -269,6 +277,7 @@ class SessionMigration:
                 seen = list(self._seen.pop(cid, {}))
                 data = bytes([FROM_OWNER]) + encode_handover(epoch, record, queue, qos2, seen)
                 self._handing[cid] = (peer, data)  # resent on every link-up until the taker says SessionDone
+                self._released[cid] = time.monotonic()
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
@@ -300,6 +309,9 @@ class SessionMigration:
                     self._origin[msg.client_id] = (MIGRATED, bases)
                     adopt_session(broker, record, queue, qos2)
                     log.info("session %s handed over by %s (%d queued)", msg.client_id, peer, len(queue))
+                    # Our forwards still buffered for the old owner join the session now, in order, before any
+                    # newer local publish (the old owner's acks for the rest follow this state on the link).
+                    self._retarget(msg.client_id, peer, self.node_id)
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0
                 pending[0].set_result((kind, msg.data[1:]))
@@ -313,7 +325,17 @@ class SessionMigration:
                 and self.broker is not None and cid in self.broker.sessions)
 
     def _resend_handovers(self, peer: str) -> None:
-        """A link to `peer` is up: hand-overs it has not confirmed go out again (it adopts each one once)."""
+        """A link to `peer` is up: hand-overs it has not confirmed go out again (it adopts each one once), and the
+        claims of sessions we let go lately, before any ack of the peer's resent forwards: a sender that learnt the
+        new owner only after our acks would send newer messages to it ahead of the ones we pass on (reordering)."""
         for cid, (taker, data) in list(self._handing.items()):
             if taker == peer:
                 self.svc.send(peer, SessionState(0, cid, True, data))
+        horizon = time.monotonic() - RELEASED_PUSH_S
+        for cid, at in list(self._released.items()):
+            if at < horizon:
+                del self._released[cid]
+        if self._released:
+            clocks = self.svc.spaces[SESSIONS].clocks_for(self._released)
+            if clocks:
+                self.svc.send(peer, Repair(SESSIONS, clocks))

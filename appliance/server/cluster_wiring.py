@@ -82,6 +82,7 @@ class ClusterWiring(SessionMigration):
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
         self._handing: dict[str, tuple[str, bytes]] = {}
         self._adopted: dict[str, float] = {}
+        self._released: dict[str, float] = {}
         self._requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]] = {}
         self._request_id = 0
         self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
@@ -362,6 +363,7 @@ class ClusterWiring(SessionMigration):
         assert broker is not None
         image = session_image(broker, cid)
         log.info("session %s now owned by %s: closing it here", cid, claim.owner)
+        self._released[cid] = time.monotonic()
         if image is not None:
             for delivery in image[1]:
                 if hands_over(claim, self.node_id, delivery.seq):  # the winner dedupes by message id
