@@ -37,17 +37,46 @@ def entries(root: str):
                 stack.append(os.path.join(rel, name) if rel else name)
 
 
+def overlay(base_list: str, root: str) -> list[str]:
+    """The list of BASE plus the entries under ROOT (a tree holding only additions to the base, and their parents).
+
+    A directory of ROOT that is in the base keeps its base line unless it gained an entry, then it takes ROOT's mtime,
+    as it would in the full tree; any other entry of ROOT that the base has must be identical.
+    """
+    with open(base_list, encoding="utf-8", errors="surrogateescape") as f:
+        merged = dict(line.rstrip("\n").split("\t", 1) for line in f if line.strip())
+    tree = dict(entries(root))
+    added = {rel: desc for rel, desc in tree.items() if rel not in merged}
+    gained = {os.path.dirname(rel) or "." for rel in added}
+    for rel, desc in tree.items():
+        if rel in added:
+            merged[rel] = desc
+        elif desc.split(" ", 1)[0] == "40000" and merged[rel].split(" ", 1)[0] == "40000":
+            if rel in gained:  # only its mtime changes (kind, mode, owner, "", so split() keeps five fields)
+                fields = merged[rel].split(" ")
+                fields[3] = desc.split(" ")[3]
+                merged[rel] = " ".join(fields)
+        elif merged[rel] != desc:
+            raise SystemExit(f"treehash: {rel} differs from the base ({merged[rel]!r} -> {desc!r})")
+    return sorted(f"{rel}\t{desc}" for rel, desc in merged.items())
+
+
 def main(argv: list[str]) -> int:
-    """treehash.py DIR [LISTFILE]: print the tree hash; optionally write the per-entry list for diffing builds."""
-    if len(argv) not in (2, 3):
-        print("usage: treehash.py DIR [LISTFILE]", file=sys.stderr)
+    """treehash.py DIR [LISTFILE] | --over BASE_LIST DIR LISTFILE: print the tree hash; write the per-entry list."""
+    if len(argv) == 5 and argv[1] == "--over":
+        lines = overlay(argv[2], argv[3])
+        listfile: str | None = argv[4]
+    elif len(argv) in (2, 3) and not argv[1].startswith("-"):
+        lines = sorted(f"{rel}\t{desc}" for rel, desc in entries(argv[1]))
+        listfile = argv[2] if len(argv) == 3 else None
+    else:
+        print("usage: treehash.py DIR [LISTFILE] | treehash.py --over BASE_LIST DIR LISTFILE", file=sys.stderr)
         return 2
-    lines = sorted(f"{rel}\t{desc}" for rel, desc in entries(argv[1]))
     total = hashlib.sha256()
     for line in lines:
         total.update(line.encode("utf-8", "surrogateescape") + b"\n")
-    if len(argv) == 3:
-        with open(argv[2], "w", encoding="utf-8", errors="surrogateescape") as f:
+    if listfile:
+        with open(listfile, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write("\n".join(lines) + "\n")
     print(total.hexdigest())
     return 0

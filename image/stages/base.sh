@@ -59,6 +59,8 @@ stage_base() {
   # Everything this stage wrote gets the rootfs's fixed time: the base does not depend on when it was built.
   clamp_mtimes "$ROOT" "$ROOTFS_EPOCH"
   tree_hash "$ROOT" "$dir.part/root.list" >"$dir.part/root.sha256"
+  dpkg-query --admindir="$ROOT/var/lib/dpkg" -W -f='${binary:Package}\t${Version}\t${Architecture}\n' |
+    LC_ALL=C sort >"$dir.part/packages.tsv"
   tar -C "$ROOT" --sort=name --numeric-owner --xattrs --xattrs-include='*' -cf "$dir.part/root.tar" .
   base_filesystems "$dir.part"
   rm -rf "$WORK"

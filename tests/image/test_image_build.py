@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,33 @@ def test_units_enabled_and_sd_card_settings(root_tree: Path) -> None:
     unit = (etc / "appliance.service").read_text() if (etc / "appliance.service").exists() else \
         (root_tree / "usr" / "lib" / "systemd" / "system" / "appliance.service").read_text()
     assert "StateDirectory=appliance" in unit  # the data directory is /var/lib/appliance
+
+
+def test_root_file_system_is_the_recorded_root_tree(built_image: Image, root_tree: Path, tmp_path: Path) -> None:
+    """The ext4 in the image (cached base file system + the debugfs delta) holds the tree root-tree.list describes."""
+    run([sys.executable, str(REPO / "image" / "treehash.py"), str(root_tree), str(tmp_path / "dumped.list")])
+    kinds = ("40000 ", "100000 ", "120000 ")  # debugfs rdump writes directories, files and symlinks, no device nodes
+
+    def comparable(path: Path, skip: tuple[str, ...]) -> set[str]:
+        """Directory, file and symlink lines, permission bits only (rdump drops setuid, setgid and sticky)."""
+        out = set()
+        for line in path.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
+            rel, desc = line.split("\t", 1)
+            if desc.startswith(kinds) and not line.startswith(skip):
+                fields = desc.split(" ")
+                fields[1] = f"{int(fields[1], 8) & 0o777:o}"
+                out.add(rel + "\t" + " ".join(fields))
+        return out
+
+    # /boot/firmware's content is the FAT partition's; the root file system keeps the empty mount point.
+    recorded = comparable(built_image.out / "root-tree.list", (".\t", "boot/firmware/"))
+    dumped = comparable(tmp_path / "dumped.list", (".\t", "lost+found"))
+    differing = sorted(recorded ^ dumped)
+    assert not differing, f"{len(differing)} entries differ:\n" + "\n".join(differing[:40])
+    assert len(recorded) > 20000
+    part = built_image.extract_partition(2, tmp_path / "root.ext4")
+    for path, mode in (("/usr/bin/passwd", "04755"), ("/tmp", "01777")):  # the bits rdump cannot show
+        assert f"Mode:  {mode}" in run(["debugfs", "-R", f"stat {path}", str(part)]).stdout, path
 
 
 def test_appliance_importable_by_the_images_python_under_qemu_user(root_tree: Path) -> None:
