@@ -31,9 +31,11 @@ def test_xz_blocks_decompress_to_the_image_and_only_changed_blocks_are_recompres
     data = bytearray(os.urandom(MIB) + bytes(3 * MIB) + os.urandom(MIB // 2))
     image, xz, cache = tmp_path / "disk.img", tmp_path / "disk.img.xz", tmp_path / "cache"
     image.write_bytes(data)
-    first = tool("xzchunks", image, xz, "--cache", cache, "--level", "0", "--chunk-mib", "1")
+    first = tool("xzchunks", image, xz, "--cache", cache, "--level", "0", "--chunk-mib", "1",
+                 "--image-sha256", tmp_path / "disk.img.sha256")
     assert "2 cached, 3 compressed" in first.stderr  # 5 chunks, three of them zeros: 3 distinct blocks
     assert lzma.decompress(xz.read_bytes()) == data
+    assert (tmp_path / "disk.img.sha256").read_text() == f"{hashlib.sha256(data).hexdigest()}  disk.img\n"
     run(["xz", "-t", str(xz)])
     listing = run(["xz", "--robot", "-l", str(xz)]).stdout
     totals = next(line.split("\t") for line in listing.splitlines() if line.startswith("totals"))
