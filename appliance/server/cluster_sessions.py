@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import adopt_session, release_session
-from appliance.broker.model import Delivery
+from appliance.broker.model import Delivery, Message
 from appliance.cluster.ownership import (
     FROM_REPLICA,
     MIGRATED,
@@ -33,6 +33,7 @@ from appliance.cluster.ownership import (
     encode_copy,
     encode_handover,
     extend_lineage,
+    hands_over,
 )
 from appliance.cluster.wire import Repair, Replicate, SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
@@ -93,6 +94,14 @@ class SessionMigration:
 
     def _retarget(self, cid: str, old: str, new: str) -> None:
         """Our buffered forwards for a moved client follow it (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _deliver_here(self, message: Message, clients: tuple[str, ...]) -> list[str]:
+        """Deliver a forwarded message to local sessions that lack it (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _onward(self, message: Message, clients: list[str]) -> None:
+        """Forward a message to the owners of clients not here (ClusterWiring)."""
         raise NotImplementedError
 
 
@@ -295,28 +304,45 @@ class SessionMigration:
             pending = self._requests.get(msg.request_id)
             clean = pending[2] if pending is not None else False
             if msg.present and msg.data[:1] == bytes([FROM_OWNER]):
-                # Adopt now, in stream order, even if the asker gave up: the owner has already let it go.
-                epoch, record, queue, qos2, seen = decode_handover(msg.data[1:])
                 self.svc.send(peer, SessionDone(msg.request_id, msg.client_id))
-                if self._adopted.get(msg.client_id) == epoch or self._have_since(msg.client_id, epoch):
-                    pass  # a resent hand-over we already have (adopted before a restart: the claim says so)
-                elif not clean and record.expiry_interval > 0:
-                    self._adopted[msg.client_id] = epoch
-                    for msg_id in seen:  # what the old owner already queued (and maybe delivered): not again
-                        self._remember(msg.client_id, msg_id)
-                    current = self.claims.get(msg.client_id)
-                    bases = extend_lineage(current.bases if current else {}, peer, record.next_seq)
-                    self._origin[msg.client_id] = (MIGRATED, bases)
-                    adopt_session(broker, record, queue, qos2)
-                    log.info("session %s handed over by %s (%d queued)", msg.client_id, peer, len(queue))
-                    # Our forwards still buffered for the old owner join the session now, in order, before any
-                    # newer local publish (the old owner's acks for the rest follow this state on the link).
-                    self._retarget(msg.client_id, peer, self.node_id)
+                waiting = pending is not None and not pending[0].done()
+                self._on_handover(peer, msg.client_id, msg.data[1:], clean, waiting)
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0
                 pending[0].set_result((kind, msg.data[1:]))
         elif isinstance(msg, SessionDone) and self._handing.get(msg.client_id, ("", b""))[0] == peer:
             del self._handing[msg.client_id]
+
+    def _on_handover(self, peer: str, cid: str, data: bytes, clean: bool, waiting: bool) -> None:
+        """The owner let a session go to us: adopt it now, in stream order, even if we gave up asking (it is gone
+        there). If we gave up and hold the session already (resumed from a replica meanwhile), merge instead: what
+        we lack of its queue joins ours, in order; replacing ours would drop what it queued since."""
+        broker = self.broker
+        assert broker is not None
+        epoch, record, queue, qos2, seen = decode_handover(data)
+        if self._adopted.get(cid) == epoch or self._have_since(cid, epoch):
+            return  # a resent hand-over we already have (adopted before a restart: the claim says so)
+        if clean or record.expiry_interval == 0:
+            return
+        self._adopted[cid] = epoch
+        if not waiting and cid in broker.sessions:
+            claim = self.claims.get(cid)
+            merged = [d for d in queue if claim is None or hands_over(claim, peer, d.seq)]
+            for delivery in merged:
+                self._onward(delivery.message, self._deliver_here(delivery.message, (cid,)))
+            for msg_id in seen:
+                self._remember(cid, msg_id)
+            log.info("session %s: late hand-over by %s merged (%d of %d queued)", cid, peer, len(merged), len(queue))
+            return
+        for msg_id in seen:  # what the old owner already queued (and maybe delivered): not again
+            self._remember(cid, msg_id)
+        current = self.claims.get(cid)
+        self._origin[cid] = (MIGRATED, extend_lineage(current.bases if current else {}, peer, record.next_seq))
+        adopt_session(broker, record, queue, qos2)
+        log.info("session %s handed over by %s (%d queued)", cid, peer, len(queue))
+        # Our forwards still buffered for the old owner join the session now, in order, before any newer local
+        # publish (the old owner's acks for the rest follow this state on the link).
+        self._retarget(cid, peer, self.node_id)
 
     def _have_since(self, cid: str, epoch: float) -> bool:
         """We own the session under a claim at least as recent as a hand-over of that epoch."""

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from appliance.broker.handover import adopt_session
-from appliance.broker.model import DeliveryState, Message, SessionRecord, SubscriptionOptions
+from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import OP_UPDATE, encode_handover
 from appliance.cluster.wire import Forward, SessionState
 from appliance.server.config import load
@@ -92,6 +92,26 @@ async def test_a_resent_hand_over_is_adopted_once(tmp_path: Path) -> None:
     wiring._on_session_message("nb", SessionState(0, "s", True, state.data))  # the resend after a link-up
     await _settle()
     assert [d.message.msg_id for d in broker.sessions["s"].queue] == ["nb-1-1"]
+    node.store.close()
+
+
+async def test_a_late_hand_over_for_a_session_held_here_is_merged_not_adopted(tmp_path: Path) -> None:
+    """Chaos finding (139 lost, a session lost): a frozen owner, continued, answered a takeover request the asker
+    had given up on; the asker had meanwhile resumed the session from a replica and queued more for it, and the
+    late hand-over replaced that session. Now what the asker lacks of the late queue joins its session."""
+    node = await _node(tmp_path)
+    wiring, broker = node.cluster, node.broker
+    assert wiring is not None
+    record = SessionRecord("s", 5, 3600, subscriptions={"t/#": SubscriptionOptions(qos=1)})
+    adopt_session(broker, record, [], [])  # resumed here from a replica copy
+    wiring._on_forward("nc", Forward(1, _message(1), ("s",)))  # queued since
+    late = Delivery(7, _message(2), 1, False)  # on the old owner only
+    known = Delivery(6, _message(1), 1, False)  # on the old owner, and already here
+    state = encode_handover(2000.0, record, [known, late], [], ["nb-1-0"])
+    wiring._on_session_message("nb", SessionState(9, "s", True, bytes([1]) + state))
+    await _settle()
+    assert [d.message.msg_id for d in broker.sessions["s"].queue] == ["nb-1-1", "nb-1-2"]
+    assert not wiring._remember("s", "nb-1-0")  # what the old owner had delivered is known here now
     node.store.close()
 
 
