@@ -431,13 +431,16 @@ class Broker:
                 persisted = True
         code = ReasonCode.NO_MATCHING_SUBSCRIBERS if v5 and not reached else ReasonCode.SUCCESS
         ack = Puback(pid, code) if qos == 1 else Pubrec(pid, code)  # type: ignore[arg-type]
-        if persisted and events is not None:
-            self.store.after_commit(self._committed, message)
-        self._ack(session, link, ack, persisted)
+        if persisted and events is not None:  # one callback after the commit: the event, then the ack
+            session.pending_acks += 1
+            self.store.after_commit(self._committed, message, session, link, ack)
+        else:
+            self._ack(session, link, ack, persisted)
 
-    def _committed(self, message: Message) -> None:
+    def _committed(self, message: Message, session: Session, link: ClientLink, ack: Ack) -> None:
         if self.events is not None:
             self.events.emit("committed", message=message)
+        self._send_ack(session, link, ack)
 
     def _on_puback(self, session: Session, link: ClientLink, packet: Puback | Pubcomp) -> None:
         delivery = session.complete(packet.packet_id)
