@@ -20,7 +20,8 @@ TOOLS = ("mmdebstrap", "qemu-aarch64-static", "qemu-system-aarch64", "sfdisk", "
 # The stage cache lives on the machine, outside any clone, so a CI run in a fresh clone reuses the rootfs and
 # wheelhouse that earlier builds with the same input hashes produced (a changed input still rebuilds its stage).
 CACHE = Path(os.environ.get("IMAGE_TEST_CACHE", "/var/cache/appliance-image"))
-# A cold build (mmdebstrap under qemu-user) takes ~10 minutes on 2 idle cores (much longer on busy ones); cached ~3.
+# A cold build (mmdebstrap, then the base stage, under qemu-user) takes ~15 minutes on 2 idle cores (an hour on busy
+# ones); a cached one (appliance code changed) well under a minute.
 BUILD_TIMEOUT = 45 * 60
 SECTOR = 512
 
