@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
 done
 
 [ "$(id -u)" = 0 ] || die "must run as root (mmdebstrap, chroot, file ownership in the root tree)"
-for tool in mmdebstrap sfdisk mkfs.vfat mcopy mkfs.ext4 e2fsck debugfs fsck.vfat unzip unshare dpkg-query python3; do
+for tool in mmdebstrap sfdisk mkfs.vfat mcopy mkfs.ext4 e2fsck debugfs fsck.vfat unshare dpkg-query python3; do
   command -v "$tool" >/dev/null || die "missing $tool: run scripts/setup.sh"
 done
 mkdir -p "$OUT" "$CACHE"

@@ -8,7 +8,10 @@ stage_base() {
   stage_begin base
   local deps key dir bundle=/tmp/appliance-install
   # What the base depends on besides its input files: the wheel's dependency metadata (not its code).
-  deps=$(unzip -p "$APPLIANCE_WHEEL" '*.dist-info/METADATA' | grep -E '^(Requires-Dist|Requires-Python|Provides-Extra):')
+  deps=$(python3 -c 'import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+print(wheel.read(meta).decode())' "$APPLIANCE_WHEEL" | grep -E '^(Requires-Dist|Requires-Python|Provides-Extra):')
   key=$(hash_inputs "s:$(basename "$ROOTFS_TAR")" "s:$(basename "$WHEELHOUSE")" "s:$deps" "s:$HOST_PYTHON" \
     "$REPO/scripts/install-appliance.sh" "$REPO/systemd" "$IMAGE_DIR/files" "$IMAGE_DIR/config.sh" "$IMAGE_DIR/lib.sh" \
     "$IMAGE_DIR/stages/base.sh" "$IMAGE_DIR/install_wheel.py" "$IMAGE_DIR/treehash.py")
