@@ -197,27 +197,7 @@ class Broker:
         session.connecting = link
         self.online += 1
 
-        props = Properties()
-        if v5:
-            props.assigned_client_identifier = assigned
-            props.receive_maximum = settings.receive_maximum
-            props.topic_alias_maximum = settings.topic_alias_maximum
-            props.maximum_packet_size = settings.max_packet_size
-            if expiry != (packet.properties.session_expiry_interval or 0):
-                props.session_expiry_interval = expiry
-            if settings.maximum_qos < 2:
-                props.maximum_qos = settings.maximum_qos
-            if not settings.retain_available:
-                props.retain_available = 0
-            if not settings.wildcard_subscriptions:
-                props.wildcard_subscription_available = 0
-            if not settings.subscription_identifiers:
-                props.subscription_identifier_available = 0
-            if not settings.shared_subscriptions:
-                props.shared_subscription_available = 0
-            keepalive = self.negotiated_keepalive(packet.keepalive)
-            if keepalive != packet.keepalive:
-                props.server_keep_alive = keepalive  # [MQTT-3.2.2-21]
+        props = settings.connack_properties(assigned, expiry, packet) if v5 else Properties()
         connack = Connack(session_present, ReasonCode.SUCCESS, props)
         if self.cluster is not None:
             self.cluster.session_changed(record, connected=True)  # this node now owns the session cluster-wide
@@ -230,10 +210,7 @@ class Broker:
 
     def negotiated_keepalive(self, requested: int) -> int:
         """Keep alive the server will enforce: the client's, capped by max_keepalive when that is set."""
-        cap = self.settings.max_keepalive
-        if cap and (requested == 0 or requested > cap):
-            return cap
-        return requested
+        return self.settings.negotiated_keepalive(requested)
 
     def _refuse(self, link: ClientLink, code: ReasonCode, why: str) -> None:
         self.metrics.connects_refused[why] += 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from appliance.protocol.packets import Connect, Properties
+
 NEVER_EXPIRES = 0xFFFFFFFF
 QUEUE_POLICIES = ("drop-oldest", "drop-new", "refuse")
 
@@ -32,3 +34,32 @@ class BrokerSettings:
     topic_alias_maximum: int = 64
     maximum_qos: int = 2
     publisher_seq_property: str = "seq"  # user property carrying the publisher's sequence number (logs)
+
+    def negotiated_keepalive(self, requested: int) -> int:
+        """Keep alive the server will enforce: the client's, capped by max_keepalive when that is set."""
+        cap = self.max_keepalive
+        if cap and (requested == 0 or requested > cap):
+            return cap
+        return requested
+
+    def connack_properties(self, assigned: str | None, expiry: int, connect: Connect) -> Properties:
+        """What a v5 CONNACK announces: limits, the features switched off, and values that differ from the
+        client's request [MQTT-3.2.2.3]."""
+        props = Properties(assigned_client_identifier=assigned, receive_maximum=self.receive_maximum,
+                           topic_alias_maximum=self.topic_alias_maximum, maximum_packet_size=self.max_packet_size)
+        if expiry != (connect.properties.session_expiry_interval or 0):
+            props.session_expiry_interval = expiry
+        if self.maximum_qos < 2:
+            props.maximum_qos = self.maximum_qos
+        if not self.retain_available:
+            props.retain_available = 0
+        if not self.wildcard_subscriptions:
+            props.wildcard_subscription_available = 0
+        if not self.subscription_identifiers:
+            props.subscription_identifier_available = 0
+        if not self.shared_subscriptions:
+            props.shared_subscription_available = 0
+        keepalive = self.negotiated_keepalive(connect.keepalive)
+        if keepalive != connect.keepalive:
+            props.server_keep_alive = keepalive  # [MQTT-3.2.2-21]
+        return props
