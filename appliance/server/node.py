@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -134,18 +135,23 @@ class Node:
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def async_start(self) -> None:
         """Recover state, then open listeners; READY=1 only once clients can connect."""
+        gc.disable()  # recovery allocates every queued message at once: cyclic collections would only slow it
         try:
-            self.store.open()
-            snapshot = self.store.load()
-        except StoreError as exc:
-            raise NodeError(f"store: {exc}", EXIT_STORE) from None
-        self.store.start(self.loop)
-        self.broker.restore(snapshot)
-        if self.cluster is not None:
             try:
-                self.cluster.restore(snapshot)
+                self.store.open()
+                snapshot = self.store.load()
             except StoreError as exc:
                 raise NodeError(f"store: {exc}", EXIT_STORE) from None
+            self.store.start(self.loop)
+            self.broker.restore(snapshot)
+            if self.cluster is not None:
+                try:
+                    self.cluster.restore(snapshot)
+                except StoreError as exc:
+                    raise NodeError(f"store: {exc}", EXIT_STORE) from None
+        finally:
+            gc.freeze()  # what recovery built lives long: later collections need not walk it (refcounts still free it)
+            gc.enable()
         queued = sum(len(q) for q in snapshot.queues.values())
         log.info("recovered %d sessions, %d queued messages, %d retained", len(snapshot.sessions), queued,
                  len(snapshot.retained))
