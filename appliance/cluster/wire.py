@@ -8,6 +8,7 @@ doubles, and nested structures (broker Messages, version vectors, DVV clocks) bu
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -379,6 +380,16 @@ MESSAGE_TYPES: dict[int, type[ClusterMessage]] = {
 }
 
 
+def _reader(kind: str) -> Callable[[_Reader], Any]:
+    """The function that reads one field of `kind` (the common kinds bound directly, the rest through _get)."""
+    direct: dict[str, Callable[[_Reader], Any]] = {"uint": _Reader.uint, "str": _Reader.text, "bytes": _Reader.raw,
+                                                   "f64": _Reader.f64, "message": decode_message}
+    return direct.get(kind) or (lambda r: _get(r, kind))
+
+
+_READERS: dict[type[ClusterMessage], tuple[Callable[[_Reader], Any], ...]] = {
+    cls: tuple(_reader(kind) for kind in cls.FIELDS) for cls in MESSAGE_TYPES.values()
+}
 _LAYOUTS: dict[type[ClusterMessage], tuple[tuple[str, str], ...]] = {
     cls: tuple(zip((f.name for f in fields(cls)), cls.FIELDS, strict=True))  # type: ignore[arg-type]
     for cls in MESSAGE_TYPES.values()
@@ -400,7 +411,7 @@ def decode_body(ftype: int, body: bytes) -> ClusterMessage:
     if cls is None:
         raise WireError(f"unknown cluster frame type 0x{ftype:02x}")
     r = _Reader(body)
-    values = [_get(r, kind) for kind in cls.FIELDS]
+    values = [read(r) for read in _READERS[cls]]
     if r.pos != len(body):
         raise WireError(f"{cls.__name__}: {len(body) - r.pos} trailing bytes")
     return cls(*values)
