@@ -40,7 +40,10 @@ def rollup(fate_rows: DataFrame, late_rows: DataFrame, dimension: str) -> DataFr
 
 
 def incidents(timed: DataFrame, window_end_us: int) -> DataFrame:
-    """peer_down..peer_up and node_stop..node_start windows; an unclosed window ends at the analysis window's end."""
+    """peer_down..peer_up, node_stop..node_start and node_crash windows (see crashes).
+
+    An unclosed peer_down or node_stop window ends at the analysis window's end.
+    """
     kinds = ("peer_down", "peer_up", "node_stop", "node_start")
     ev = timed.where(F.col("kind").isin(*kinds)).select(
         "fleet", "device", "node", "peer_node", "kind", "ts_us",
@@ -56,7 +59,32 @@ def incidents(timed: DataFrame, window_end_us: int) -> DataFrame:
     return starts.select(
         "fleet", "incident", "device", "node", "peer_node", F.col("ts_us").alias("start_us"),
         F.coalesce("end_us", F.lit(window_end_us)).alias("end_us"), F.col("end_us").isNull().alias("open"),
-        ((F.coalesce("end_us", F.lit(window_end_us)) - F.col("ts_us")) / 1e6).alias("duration_s"))
+        ((F.coalesce("end_us", F.lit(window_end_us)) - F.col("ts_us")) / 1e6).alias("duration_s"),
+    ).unionByName(crashes(timed))
+
+
+def crashes(timed: DataFrame) -> DataFrame:
+    """node_crash windows: a node_start whose previous run (since the node's previous node_start) has no node_stop.
+
+    A process killed with -9 writes no node_stop; the evidence is the restart. The window runs from the previous
+    run's last event to the new node_start. Each event is matched to the one run it belongs to through a broadcast
+    join with the (few) node_start events, so no event is sorted or shuffled. A node that died and never restarted
+    leaves no evidence here (its logs simply stop) and is not reported.
+    """
+    starts = timed.where(F.col("kind") == "node_start").select(
+        "fleet", "node", "device", F.col("ts_us").alias("run_start_us"))
+    by_node = Window.partitionBy("fleet", "node").orderBy("run_start_us")
+    runs = starts.withColumn("prev_start_us", F.lag("run_start_us").over(by_node))
+    ev = timed.select("fleet", "node", F.col("ts_us").alias("ev_us"), F.col("kind").alias("ev_kind"))
+    before = (F.col("ev_us") < F.col("run_start_us")) & (
+        F.col("prev_start_us").isNull() | (F.col("ev_us") >= F.col("prev_start_us")))
+    prev_run = (ev.join(F.broadcast(runs), ["fleet", "node"]).where(before)
+                .groupBy("fleet", "node", "device", "run_start_us")
+                .agg(F.max("ev_us").alias("last_us"), _count(F.col("ev_kind") == "node_stop").alias("stops")))
+    return prev_run.where(F.col("stops") == 0).select(
+        "fleet", F.lit("node_crash").alias("incident"), "device", "node", F.lit(None).cast("string").alias("peer_node"),
+        F.col("last_us").alias("start_us"), F.col("run_start_us").alias("end_us"), F.lit(False).alias("open"),
+        ((F.col("run_start_us") - F.col("last_us")) / 1e6).alias("duration_s"))
 
 
 def incident_impact(incident_rows: DataFrame, fate_rows: DataFrame, late_rows: DataFrame) -> DataFrame:

@@ -215,3 +215,45 @@ def test_rollups_by_device_firmware_and_hour(spark: Any, out: Path) -> None:
     assert summary["fates"] == {"acked": 8, "delivered": 1, "delivered_not_acked": 1, "dropped": 1, "expired": 1,
                                 "lost": 1, "pending": 3}
     assert summary["ordering"]["late"] == 2 and summary["ordering"]["inversions"] == 4
+
+
+def crash_scenario() -> list[dict[str, Any]]:
+    """c1 is killed with -9 after routing M2 (no node_stop) and restarts in the same kernel boot; later it stops
+    cleanly and starts again. c2 starts once. Only the first restart is a crash."""
+    c1, c2 = Node("c1", "dc1"), Node("c2", "dc2")
+    recs = [c1.event("node_start", T0 + 1 * S), c2.event("node_start", T0 + 2 * S)]
+
+    def msg(m: str, seq: int, at: int, delivered: bool) -> None:
+        recs.extend(message(c1, m, "pK", seq, at))
+        recs.append(sub_event(c1, "routed", m, "k1", at + 300))
+        if delivered:
+            recs.append(sub_event(c1, "delivered", m, "k1", at + MS))
+            recs.append(sub_event(c1, "acked", m, "k1", at + 2 * MS))
+
+    msg("M1", 1, T0 + 10 * S, True)
+    msg("M2", 2, T0 + 50 * S, False)  # its `routed` is c1's last event before the crash; M2 is lost
+    recs.append(c1.event("node_start", T0 + 80 * S))
+    msg("M3", 3, T0 + 90 * S, True)
+    msg("M4", 4, T0 + 100 * S, False)  # lost, but outside every incident window
+    recs.append(c1.event("node_stop", T0 + 120 * S, reason="shutdown"))
+    recs.append(c1.event("node_start", T0 + 130 * S))
+    recs.append(c2.event("peer_up", T0 + 3 * S, peer_node="c1"))
+    return recs
+
+
+def test_a_restart_without_node_stop_is_a_crash_window_joined_with_its_losses(
+        spark: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    src, dst = tmp_path_factory.mktemp("crash-segments"), tmp_path_factory.mktemp("crash-tables")
+    write_by_device(src, crash_scenario())
+    stats = jobs.ingest_job(spark, str(src), str(dst))
+    summary = jobs.analyze_job(spark, str(dst), window_end_us=W, ingest_summary=stats)
+    inc = spark.read.parquet(f"{dst}/incidents").select(
+        "incident", "node", "peer_node", "start_us", "end_us", "open", "lost", "late")
+    expected = spark.createDataFrame([
+        ("node_crash", "c1", None, T0 + 50 * S + 300, T0 + 80 * S, False, 1, 0),
+        ("node_stop", "c1", None, T0 + 120 * S, T0 + 130 * S, False, 0, 0),
+    ], "incident string, node string, peer_node string, start_us long, end_us long, open boolean, lost long, "
+       "late long")
+    assert_df_equality(inc, expected, ignore_row_order=True, ignore_nullable=True)
+    assert summary["fates"]["lost"] == 2
+    assert summary["incidents"]["node_crash"] == {"count": 1, "lost": 1, "late": 0}
