@@ -294,11 +294,11 @@ def _write_device(args: tuple[FleetSpec, int, int, str, str]) -> dict[str, int]:
         folder = Path(out, f"fleet={fleet}", f"date={date}", f"device={device}")
         folder.mkdir(parents=True, exist_ok=True)
         if fmt == "parquet":
-            table = pa.Table.from_batches(arrays, schema=_V1_ARROW)  # type: ignore[arg-type]
+            table = pa.Table.from_batches(arrays, schema=_V1_ARROW)
             pq.write_table(table, folder / f"seg-{dev.node}.parquet", compression="zstd", compression_level=1,
                            row_group_size=1 << 20)
             continue
-        joined = pa.concat_arrays(arrays)  # type: ignore[arg-type]
+        joined = pa.concat_arrays(arrays)
         offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset: joined.offset + len(joined) + 1]
         data = joined.buffers()[2].to_pybytes()[offsets[0]: offsets[-1]]
         with open(folder / f"seg-{dev.node}.jsonl.gz", "wb") as fh:
@@ -395,7 +395,7 @@ def _rows(path: str) -> int:
         return sum(1 for _ in fh)
 
 
-def inject_upload_faults(out: str, bad_per_reason: int = 2, reuploads: int = 1) -> dict[str, int]:
+def inject_upload_faults(out: str, bad_per_reason: int = 2, reuploads: int = 1) -> dict[str, object]:
     """Add a JSON Lines segment of bad records (each reason `bad_per_reason` times) and re-upload copies of segments."""
     segs = _segments(out)
     good = _first_record(segs[0])

@@ -73,7 +73,7 @@ def crashes(timed: DataFrame) -> DataFrame:
     """
     starts = timed.where(F.col("kind") == "node_start").select(
         "fleet", "node", "device", F.col("ts_us").alias("run_start_us"))
-    by_node = Window.partitionBy("fleet", "node").orderBy("run_start_us")
+    by_node = Window.partitionBy(F.col("fleet"), F.col("node")).orderBy("run_start_us")
     runs = starts.withColumn("prev_start_us", F.lag("run_start_us").over(by_node))
     ev = timed.select("fleet", "node", F.col("ts_us").alias("ev_us"), F.col("kind").alias("ev_kind"))
     before = (F.col("ev_us") < F.col("run_start_us")) & (
