@@ -12,6 +12,7 @@ import sys
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 MAGIC, FOOTER_MAGIC = b"\xfd7zXZ\x00", b"YZ"
 CHECK_CRC64 = 0x04
@@ -58,17 +59,21 @@ def one_block(stream: bytes) -> tuple[bytes, int, int]:
     return block, unpadded, uncompressed
 
 
-def assemble(blocks: list[tuple[bytes, int, int]]) -> list[bytes]:
-    """The pieces of one .xz stream holding these blocks in order: header, blocks, index, footer."""
-    header = MAGIC + FLAGS + struct.pack("<I", zlib.crc32(FLAGS))
-    index = bytearray(b"\x00" + varint(len(blocks)))
-    for _, unpadded, uncompressed in blocks:
+def write_stream(out: BinaryIO, streams: list[Path]) -> None:
+    """Write one .xz stream holding the blocks of these one-block streams in order: header, blocks, index, footer."""
+    out.write(MAGIC + FLAGS + struct.pack("<I", zlib.crc32(FLAGS)))
+    records = []
+    for path in streams:  # one block in memory at a time
+        block, unpadded, uncompressed = one_block(path.read_bytes())
+        out.write(block)
+        records.append((unpadded, uncompressed))
+    index = bytearray(b"\x00" + varint(len(records)))
+    for unpadded, uncompressed in records:
         index += varint(unpadded) + varint(uncompressed)
     index += b"\x00" * (-len(index) % 4)
     index += struct.pack("<I", zlib.crc32(index))
     body = struct.pack("<I", len(index) // 4 - 1) + FLAGS
-    footer = struct.pack("<I", zlib.crc32(body)) + body + FOOTER_MAGIC
-    return [header, *(b for b, _, _ in blocks), bytes(index), footer]
+    out.write(bytes(index) + struct.pack("<I", zlib.crc32(body)) + body + FOOTER_MAGIC)
 
 
 def chunk_digests(image: Path, size: int) -> tuple[list[str], str]:
@@ -111,11 +116,9 @@ def main(argv: list[str]) -> int:
     missing = sorted({path: i for i, path in enumerate(paths) if not path.exists()}.items(), key=lambda kv: kv[1])
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # liblzma runs without the GIL
         list(pool.map(lambda kv: compress_chunk(args.image, kv[1], size, args.level, kv[0]), missing))
-    blocks = [one_block(path.read_bytes()) for path in paths]
     tmp = args.out.with_name(args.out.name + ".part")
     with tmp.open("wb") as f:
-        for piece in assemble(blocks):
-            f.write(piece)
+        write_stream(f, paths)
     tmp.rename(args.out)
     # Keep the blocks of this image and of the one before it; older ones are dead cache entries.
     used = {path.name for path in paths}
