@@ -119,6 +119,10 @@ class ReplicaCopy:
     # ids of the messages the owner queued lately, acknowledged ones included (in memory only): a session resumed
     # from this copy drops a retargeted forward it already had
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict, compare=False)
+    # wall clock of the last operation applied (set by the replica): among copies of the same claim and queue
+    # position, the one its owner still fed last is the freshest (`version` counts operations of one copy only and
+    # is not comparable across copies: an abandoned copy may have applied more)
+    touched: float = field(default=0.0, compare=False)
 
     def note(self, msg_id: str) -> None:
         """Remember one queued message id (bounded)."""
@@ -261,12 +265,23 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
     return copy
 
 
+def queue_position(copy: ReplicaCopy) -> int:
+    """The owner's next queue seq as far as this copy saw it (every delivery below it is reflected in the copy)."""
+    return max([copy.record.next_seq, *(seq + 1 for seq in copy.queue)])
+
+
+def freshest(copies: list[ReplicaCopy]) -> ReplicaCopy:
+    """The copy to resume a session from: latest claim, then furthest queue position, then fed last by its owner."""
+    return max(copies, key=lambda c: (c.epoch, queue_position(c), c.touched, c.version))
+
+
 def encode_copy(copy: ReplicaCopy) -> bytes:
     """A replica copy as one durable value (owner, version, snapshot)."""
     w = _Writer()
     w.text(copy.owner)
     w.uint(copy.version)
     w.raw(encode_snapshot(copy.epoch, copy.record, copy.deliveries(), sorted(copy.qos2)))
+    w.f64(copy.touched)
     if copy.seen:
         w.uint(len(copy.seen))
         for msg_id in copy.seen:
@@ -280,10 +295,11 @@ def decode_copy(data: bytes) -> ReplicaCopy:
     owner, version = r.text(), r.uint()
     epoch, record, queue, qos2 = decode_snapshot(r.raw())
     seen = OrderedDict[str, None]()
+    touched = r.f64() if r.pos < len(data) else 0.0
     if r.pos < len(data):  # a durable header row carries no ids
         seen.update((r.text(), None) for _ in range(r.uint()))
     return ReplicaCopy(owner, epoch, record, dict[int, Delivery | bytes]({d.seq: d for d in queue}), set(qos2),
-                       version, seen=seen)
+                       version, seen=seen, touched=touched)
 
 
 __all__ = [
@@ -302,5 +318,7 @@ __all__ = [
     "encode_uint",
     "encode_update",
     "extend_lineage",
+    "freshest",
     "hands_over",
+    "queue_position",
 ]

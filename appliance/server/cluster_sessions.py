@@ -33,7 +33,9 @@ from appliance.cluster.ownership import (
     encode_copy,
     encode_handover,
     extend_lineage,
+    freshest,
     hands_over,
+    queue_position,
 )
 from appliance.cluster.wire import Repair, Replicate, SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
@@ -137,6 +139,8 @@ class SessionMigration:
         old_owner, old_version = (old.owner, old.version) if old is not None else (None, -1)
         new = apply_op(old, peer, rep.op, rep.data)
         changed = new is not old or (new is not None and new.version != old_version)
+        if changed and new is not None:
+            new.touched = self.clock()
         if changed:
             self._persist_copy(cid, new, rep, whole=new is not old or old_owner != peer)
         self.inner.set_meta(f"cluster.rep.{peer}", str(rep.seq))
@@ -244,10 +248,9 @@ class SessionMigration:
             log.warning("CONNECT %s refused: owner %s is alive but unreachable from here", cid, owner)
             return ReasonCode.SERVER_UNAVAILABLE
         if candidates:
-            best = max(candidates, key=lambda c: (c.epoch, max([c.record.next_seq, *(s + 1 for s in c.queue)]),
-                                                  c.version))
+            best = freshest(candidates)
             assert self.broker is not None
-            base = max([best.record.next_seq, *(s + 1 for s in best.queue)])
+            base = queue_position(best)
             queue = best.deliveries()
             self._origin[cid] = (FROM_REPLICA, extend_lineage(claim.bases, best.owner, base))
             for msg_id in best.seen:  # what the owner queued lately, delivered or not: a late copy is dropped

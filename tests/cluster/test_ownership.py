@@ -16,6 +16,7 @@ from appliance.cluster.ownership import (
     OP_REMOVE,
     OP_SNAPSHOT,
     OP_UPDATE,
+    ReplicaCopy,
     SessionClaim,
     apply_op,
     claim_order,
@@ -28,6 +29,7 @@ from appliance.cluster.ownership import (
     encode_uint,
     encode_update,
     extend_lineage,
+    freshest,
     hands_over,
 )
 
@@ -62,6 +64,19 @@ def test_a_losing_owner_hands_over_what_the_winner_lacks_by_lineage() -> None:
         long = extend_lineage(long, f"n{i}", i)
     assert len(long) == LINEAGE_MAX and f"n{LINEAGE_MAX + 2}" in long and "n0" not in long
     assert list(extend_lineage({"na": 1, "nb": 2}, "na", 5)) == ["nb", "na"]  # the latest last
+
+
+def test_the_freshest_copy_is_the_one_its_owner_fed_last_not_the_one_with_most_operations() -> None:
+    """Chaos finding (QoS2 duplicate from a resumed publisher): a copy abandoned when placement moved (its node was
+    down, so it never got OP_DROP) had applied more operations than the current replica, which started from a
+    snapshot; `version` picked it, and it lacked the latest incoming QoS2 packet id."""
+    record = SessionRecord("pub", 5, 3600)
+    abandoned = ReplicaCopy("nb", 10.0, record, {}, {1, 2}, version=40, touched=100.0)
+    current = ReplicaCopy("nb", 10.0, record, {}, {1, 2, 3}, version=2, touched=130.0)
+    assert freshest([abandoned, current]) is current
+    assert decode_copy(encode_copy(current)).touched == 130.0
+    newer_claim = ReplicaCopy("nc", 11.0, record, {}, set(), version=1, touched=90.0)
+    assert freshest([current, newer_claim]) is newer_claim  # a later claim wins whatever the clocks say
 
 
 def test_replica_applies_its_owners_operations_in_order() -> None:
