@@ -33,6 +33,7 @@ class Image:
     out: Path
     img: Path
     info: dict
+    rebuild: tuple[Path, int] | None = None  # (out dir, exit status) of the second build from the same inputs
 
     def partitions(self) -> list[dict]:
         """The MBR partition entries as sfdisk --json reports them."""
@@ -77,16 +78,24 @@ def built_image() -> Image:
     if "IMAGE_TEST_XZ_LEVEL" in os.environ:
         env["XZ_LEVEL"] = os.environ["IMAGE_TEST_XZ_LEVEL"]
     OUT.mkdir(parents=True, exist_ok=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
     log = OUT / "build.log"  # progress lines while it runs: tail -f image/out/pytest/build.log
-    with log.open("w") as f:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([str(BUILD), "--out", str(OUT), "--cache", str(CACHE)], cwd=REPO, env=env, stdout=f,
-                              stderr=subprocess.STDOUT,
-                              timeout=BUILD_TIMEOUT, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"image/build.sh exited {proc.returncode}:\n{log.read_text()[-6000:]}")
+    if build(OUT, log, env) != 0:
+        pytest.fail(f"image/build.sh exited non-zero:\n{log.read_text()[-6000:]}")
     info = json.loads((OUT / "build-info.json").read_text())
-    return Image(out=OUT, img=OUT / info["image"], info=info)
+    # The reproducibility check's second build runs right away (cached: seconds), so the checkout has little time
+    # to change in between (a shared working tree); test_image_build compares the two.
+    again = OUT / "again"
+    env["SOURCE_DATE_EPOCH"] = str(info["source_date_epoch"])
+    status = build(again, OUT / "build-again.log", env, "--no-compress")
+    return Image(out=OUT, img=OUT / info["image"], info=info, rebuild=(again, status))
+
+
+def build(out: Path, log: Path, env: dict[str, str], *args: str) -> int:
+    """image/build.sh into OUT with the session's stage cache, output to LOG; its exit status."""
+    with log.open("w") as f:
+        return subprocess.run([str(BUILD), "--out", str(out), "--cache", str(CACHE), *args], cwd=REPO, env=env,
+                              stdout=f, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, check=False).returncode
 
 
 @pytest.fixture(scope="session")
