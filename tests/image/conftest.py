@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,14 +68,25 @@ def _require_tools() -> None:
 
 
 @pytest.fixture(scope="session")
-def built_image() -> Image:
+def built_image() -> Iterator[Image]:
     """Build the image once per session with image/build.sh (reusing the machine's stage cache) and return it."""
     _require_tools()
     prebuilt = os.environ.get("IMAGE_TEST_PREBUILT")  # developer shortcut: inspect/boot an existing build's out dir
     if prebuilt:
         out = Path(prebuilt)
         info = json.loads((out / "build-info.json").read_text())
-        return Image(out=out, img=out / info["image"], info=info)
+        yield Image(out=out, img=out / info["image"], info=info)
+        return
+    # One test session at a time owns OUT: a second one (another checkout user) waits instead of rebuilding the image
+    # under the first one's tests.
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with (OUT.parent / "pytest.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield _build_session_image()
+
+
+def _build_session_image() -> Image:
+    """The session's image in OUT and, right after it, the reproducibility rebuild in OUT/again."""
     env = dict(os.environ)
     if "IMAGE_TEST_XZ_LEVEL" in os.environ:
         env["XZ_LEVEL"] = os.environ["IMAGE_TEST_XZ_LEVEL"]
