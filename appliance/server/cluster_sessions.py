@@ -181,9 +181,37 @@ class SessionMigration:
     def prepare_connect(self, client_id: str, clean_start: bool) -> Coroutine[Any, Any, int] | None:
         """None when the session is ours or new; else an awaitable of the CONNACK code after fetching it."""
         claim = self.claims.get(client_id)
-        if not client_id or claim is None or claim.owner == self.node_id:
+        if not client_id or claim is None:
+            return None
+        if claim.owner == self.node_id:
+            if not clean_start and claim.subscriptions and self._fenced():
+                return self._async_refuse(client_id)
             return None
         return self._async_takeover(client_id, clean_start, claim)
+
+    def _fenced(self) -> bool:
+        """On a minority side (allow_register = true): the majority may resume our subscribers' sessions, so we
+        do not serve them meanwhile (two live copies of one session would deliver QoS2 messages twice)."""
+        return bool(self.c["allow_register"]) and not self._reaches_half()
+
+    async def _async_refuse(self, cid: str) -> int:
+        log.warning("CONNECT %s refused: this node is on a minority side", cid)
+        return ReasonCode.SERVER_UNAVAILABLE
+
+    def _fence_subscribers(self) -> None:
+        """This node just became a minority side: its persistent subscribers go to another node (DISCONNECT 0x9C)
+        before anything is sent to them that the unreachable replicas cannot know of."""
+        broker = self.broker
+        if broker is None:
+            return
+        sent = 0
+        for session in list(broker.sessions.values()):
+            link = session.link or session.connecting
+            if link is not None and session.persistent and session.record.subscriptions:
+                link.close(ReasonCode.USE_ANOTHER_SERVER)
+                sent += 1
+        if sent:
+            log.warning("minority side: %d persistent subscribers sent to another node (0x9C)", sent)
 
     async def _async_ask(self, peer: str, cid: str, clean_start: bool) -> tuple[int, bytes] | None:
         self._request_id += 1

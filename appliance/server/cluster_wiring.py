@@ -476,6 +476,8 @@ class ClusterWiring(SessionMigration):
         if up:
             self._resend_handovers(peer)
         if not up:
+            if self._fenced():
+                self._fence_subscribers()  # before the waits below release sends the replicas cannot know of
             if self.c["allow_publish"]:
                 self.store.peer_down(peer, "f")
             self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once

@@ -10,6 +10,7 @@ from appliance.broker.handover import adopt_session
 from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import OP_UPDATE, encode_handover
 from appliance.cluster.wire import Forward, SessionState
+from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.config import load
 from appliance.server.node import Node
 
@@ -112,6 +113,28 @@ async def test_a_late_hand_over_for_a_session_held_here_is_merged_not_adopted(tm
     await _settle()
     assert [d.message.msg_id for d in broker.sessions["s"].queue] == ["nb-1-1", "nb-1-2"]
     assert not wiring._remember("s", "nb-1-0")  # what the old owner had delivered is known here now
+    node.store.close()
+
+
+async def test_a_minority_side_does_not_serve_its_own_subscribers(tmp_path: Path) -> None:
+    """Chaos finding (QoS2 duplicates): an isolated owner kept delivering QoS2 messages to its connected subscriber
+    (the replicas could not learn they were sent) while the majority resumed the session from its replica, which
+    sent them again. A node that reaches fewer than half of the members refuses its own subscribers' CONNECTs."""
+    node = await _node(tmp_path)
+    wiring, broker = node.cluster, node.broker
+    assert wiring is not None
+    record = SessionRecord("s", 5, 3600, subscriptions={"t/#": SubscriptionOptions(qos=2)})
+    adopt_session(broker, record, [], [])
+    wiring.session_changed(record, connected=True)  # claimed here
+    fetch = wiring.prepare_connect("s", False)
+    assert fetch is None  # alone and no other member known: a single node serves its sessions
+    wiring.svc.membership.known("nb")
+    wiring.svc.membership.known("nc")  # three members, both others unreachable: a minority side
+    fetch = wiring.prepare_connect("s", False)
+    assert fetch is not None and await fetch == ReasonCode.SERVER_UNAVAILABLE
+    assert wiring.prepare_connect("s", True) is None  # a clean start forks nothing
+    wiring.svc.membership.set_up("nb", True)  # two of three: serve again
+    assert wiring.prepare_connect("s", False) is None
     node.store.close()
 
 
