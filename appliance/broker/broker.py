@@ -391,7 +391,13 @@ class Broker:
         events = self.events
         if events is not None:
             events.emit("received", message=message, publisher_packet_id=pid)
-        persisted = packet.retain and self.router.retain(message)
+        qos2_saved = False
+        if qos == 2:  # the id first: a cluster node's replica learns it before any node can act on the message
+            session.incoming_qos2[pid] = None  # type: ignore[index]
+            if session.store is not None:
+                self.store.save_incoming_qos2(record.client_id, pid, None)  # type: ignore[arg-type]
+                qos2_saved = True
+        persisted = (packet.retain and self.router.retain(message)) or qos2_saved
         if cluster is None:
             reached, persisted_here, _ = self.router.route(message)
             persisted = persisted or persisted_here
@@ -401,11 +407,6 @@ class Broker:
             reached, persisted = reached + remote, persisted or persisted_here or bool(remote)
         if qos == 0:
             return
-        if qos == 2:
-            session.incoming_qos2[pid] = None  # type: ignore[index]
-            if session.store is not None:
-                self.store.save_incoming_qos2(record.client_id, pid, None)  # type: ignore[arg-type]
-                persisted = True
         code = ReasonCode.NO_MATCHING_SUBSCRIBERS if v5 and not reached else ReasonCode.SUCCESS
         ack = Puback(pid, code) if qos == 1 else Pubrec(pid, code)  # type: ignore[arg-type]
         if persisted and events is not None:  # one callback after the commit: the event, then the ack
