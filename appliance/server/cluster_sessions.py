@@ -191,8 +191,15 @@ class SessionMigration:
 
     def _fenced(self) -> bool:
         """On a minority side (allow_register = true): the majority may resume our subscribers' sessions, so we
-        do not serve them meanwhile (two live copies of one session would deliver QoS2 messages twice)."""
-        return bool(self.c["allow_register"]) and not self._reaches_half()
+        do not serve them meanwhile (two live copies of one session would deliver QoS2 messages twice). Only peers
+        heard from lately count: when a node is cut off, its links time out one by one, and the first one down must
+        already find the others silent."""
+        if not self.c["allow_register"]:
+            return False
+        horizon = max(2 * self.c["heartbeat_interval"], self.c["failure_timeout"] / 2)
+        heard = sum(1 for row in self.svc.links.status()
+                    if row.state == "up" and row.last_seen is not None and row.last_seen < horizon)
+        return 2 * (1 + heard) < len(self.svc.membership.all())
 
     async def _async_refuse(self, cid: str) -> int:
         log.warning("CONNECT %s refused: this node is on a minority side", cid)
