@@ -244,11 +244,13 @@ class SessionMigration:
         owner = claim.owner
         if self.svc.links.is_up(owner):
             answer = await self._async_ask(owner, cid, clean_start)
-            if answer is not None:
+            if answer is not None and (answer[0] == FROM_OWNER or clean_start):
                 return ReasonCode.SUCCESS  # an owner's session was adopted when its state arrived
-            # The link dropped (or the owner froze) with the question out: it may have let the session go to us
-            # already, and resends the state when the link is back. A fresh session here would lose that queue.
-            log.warning("CONNECT %s refused: no answer from its owner %s (retry)", cid, owner)
+            # No answer: the link dropped (or the owner froze) with the question out; it may have let the session go
+            # to us already, and resends the state when the link is back. Any other answer: our claim is stale (the
+            # session moved on meanwhile). A fresh session here would lose a queue either way: the client retries.
+            log.warning("CONNECT %s refused: %s from its owner %s (retry)", cid,
+                        "no answer" if answer is None else "no session", owner)
             return ReasonCode.SERVER_UNAVAILABLE
         if not self.c["allow_register"]:
             log.warning("CONNECT %s refused: owner %s unreachable and allow_register = false", cid, owner)
