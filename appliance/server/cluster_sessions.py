@@ -194,12 +194,7 @@ class SessionMigration:
         do not serve them meanwhile (two live copies of one session would deliver QoS2 messages twice). Only peers
         heard from lately count: when a node is cut off, its links time out one by one, and the first one down must
         already find the others silent."""
-        if not self.c["allow_register"]:
-            return False
-        horizon = max(2 * self.c["heartbeat_interval"], self.c["failure_timeout"] / 2)
-        heard = sum(1 for row in self.svc.links.status()
-                    if row.state == "up" and row.last_seen is not None and row.last_seen < horizon)
-        return 2 * (1 + heard) < len(self.svc.membership.all())
+        return bool(self.c["allow_register"]) and not self._reaches_half()
 
     async def _async_refuse(self, cid: str) -> int:
         log.warning("CONNECT %s refused: this node is on a minority side", cid)
@@ -236,9 +231,12 @@ class SessionMigration:
             self._requests.pop(request_id, None)
 
     def _reaches_half(self) -> bool:
-        """This node reaches at least half of the known members (itself included): not a minority side."""
-        membership = self.svc.membership
-        return 2 * len(membership.live()) >= len(membership.all())
+        """This node reaches at least half of the known members (itself included; peers count only if heard from
+        lately: a node just continued after SIGSTOP still sees its dead links as up): not a minority side."""
+        horizon = max(2 * self.c["heartbeat_interval"], 0.75 * self.c["failure_timeout"])
+        heard = sum(1 for row in self.svc.links.status()
+                    if row.state == "up" and row.last_seen is not None and row.last_seen < horizon)
+        return 2 * (1 + heard) >= len(self.svc.membership.all())
 
     async def _async_takeover(self, cid: str, clean_start: bool, claim: SessionClaim) -> int:
         owner = claim.owner
@@ -267,9 +265,10 @@ class SessionMigration:
         if local is not None:
             candidates.append(local)
         peers = [p for p in self.svc.links.up_peers() if p != owner]
-        owner_alive = False
+        owner_alive = unanswered = False
         for answer in await asyncio.gather(*(self._async_ask(p, cid, False) for p in peers)):
             if answer is None:
+                unanswered = True  # that peer might reach the owner: we cannot tell it is gone
                 continue
             if answer[0] == FROM_OWNER:
                 return ReasonCode.SUCCESS  # a live owner after all (the claim was stale): adopted
@@ -279,10 +278,11 @@ class SessionMigration:
                 owner_alive = True
         if cid in (self.broker.sessions if self.broker else {}):
             return ReasonCode.SUCCESS
-        if owner_alive:
+        if owner_alive or unanswered:
             # Only our link to the owner is down: the session lives on there, so resuming a copy here would
             # fork it. The client retries (on another node, or here once the link is back).
-            log.warning("CONNECT %s refused: owner %s is alive but unreachable from here", cid, owner)
+            log.warning("CONNECT %s refused: owner %s %s", cid, owner,
+                        "is alive but unreachable from here" if owner_alive else "may be alive (a peer did not answer)")
             return ReasonCode.SERVER_UNAVAILABLE
         if candidates:
             best = freshest(candidates)
