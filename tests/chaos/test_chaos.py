@@ -168,9 +168,10 @@ def cluster_ready() -> Iterator[None]:
 @pytest.mark.slow
 @pytest.mark.netns
 @pytest.mark.xfail(strict=False, reason=(
-    "issue 4, two rare residual classes (about 1 run in 12 on the shared machine, see bench/RESULTS.md): a QoS2 "
-    "PUBLISH routed by a node SIGKILLed before its packet id reached the publisher session's replica is routed again "
-    "when the publisher resends it elsewhere (QoS2 duplicate); messages acknowledged while their target was "
+    "issue 4, two rare residual classes (about 1 run in 10 on the shared machine, see bench/RESULTS.md): a QoS2 "
+    "PUBLISH committed by a node SIGKILLed before its packet id reached the publisher session's replica is sent on "
+    "when that node restarts, while the publisher's resend was routed elsewhere (QoS2 duplicate); messages "
+    "acknowledged while their target was "
     "unreachable sit only in the sender's in-transit buffer, and if the sender dies before the heal drains it they "
     "arrive after the publisher's newer ones (reordered, not lost)"))
 @pytest.mark.parametrize("n", [3])
