@@ -208,10 +208,6 @@ class Broker:
             self._accept(session, link, connack)
         return session
 
-    def negotiated_keepalive(self, requested: int) -> int:
-        """Keep alive the server will enforce: the client's, capped by max_keepalive when that is set."""
-        return self.settings.negotiated_keepalive(requested)
-
     def _refuse(self, link: ClientLink, code: ReasonCode, why: str) -> None:
         self.metrics.connects_refused[why] += 1
         link.send(Connack(False, code))  # [MQTT-3.2.2-6]: session present is 0 on refusal

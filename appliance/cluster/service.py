@@ -31,6 +31,7 @@ DIGEST_CHUNK = 500  # keys per Digest / Repair frame
 
 
 _T = TypeVar("_T")
+SendAck = Callable[[str, ClusterMessage], object]  # (peer, ack): how a stream ack leaves
 
 
 def _entry(table: dict[str, _T], peer: str, make: Callable[[str], _T]) -> _T:
@@ -232,12 +233,12 @@ class ClusterService:
         self.links.async_send_frame(peer, frame)
         return fwd, frame
 
-    def forward_committed(self, peer: str, seq: int) -> None:
-        """The durable enqueue of a received Forward is done: ack it (cumulatively) when the prefix grows."""
-        receiver = _entry(self.receivers, peer, ForwardReceiver)
-        ack = receiver.committed(seq)
+    def forward_committed(self, peer: str, seq: int, send: SendAck | None = None) -> None:
+        """The durable enqueue of a received Forward is done: ack it (cumulatively) when the prefix grows, through
+        `send` (default: at once on the link)."""
+        ack = _entry(self.receivers, peer, ForwardReceiver).committed(seq)
         if ack is not None:
-            self.links.async_send(peer, ack)
+            (send or self.links.async_send)(peer, ack)
 
     def restore_replication(self, peer: str, *, next_seq: int = 1, in_transit: Iterable[Replicate] = (),
                             committed_upto: int = 0) -> None:
@@ -253,11 +254,11 @@ class ClusterService:
         self.links.async_send(peer, rep)
         return rep
 
-    def replicate_committed(self, peer: str, seq: int, status: int = 0) -> None:
-        """A received operation is committed (status 0) or refused: send the acks now due."""
-        receiver = _entry(self.replica_receivers, peer, ReplicaReceiver)
-        for ack in receiver.committed(seq, status):
-            self.links.async_send(peer, ack)
+    def replicate_committed(self, peer: str, seq: int, status: int = 0, send: SendAck | None = None) -> None:
+        """A received operation is committed (status 0) or refused: send the acks now due (through `send`)."""
+        send = send or self.links.async_send
+        for ack in _entry(self.replica_receivers, peer, ReplicaReceiver).committed(seq, status):
+            send(peer, ack)
 
     def send(self, peer: str, msg: ClusterMessage) -> bool:
         """Send a session / replication message; False if the peer's link is down."""

@@ -139,7 +139,7 @@ class ClientProtocol(asyncio.Protocol):
     # -- CONNECT and authentication ------------------------------------------------------------------------------
     def _on_connect(self, packet: Connect) -> None:
         self.protocol_version = packet.protocol_version
-        self.keepalive = self.node.broker.negotiated_keepalive(packet.keepalive)
+        self.keepalive = self.node.broker.settings.negotiated_keepalive(packet.keepalive)
         auth = self.node.authenticator
         if auth.needs_slow_check(packet.username, packet.password, self.cert_identity):
             # scrypt takes tens of milliseconds: verify off the loop, hold what the client sends meanwhile

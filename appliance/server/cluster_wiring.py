@@ -18,7 +18,7 @@ from appliance.broker.handover import deliver_forwarded, release_session, sessio
 from appliance.broker.model import Message, SessionRecord
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
-from appliance.cluster.forwarding import ForwardReceiver, ForwardSender, ReplicaReceiver, ReplicaSender
+from appliance.cluster.forwarding import ForwardSender, ReplicaSender
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import (
     FRESH,
@@ -87,7 +87,7 @@ class ClusterWiring(SessionMigration):
         self._request_id = 0
         self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
         self._rebalance_pending = False
-        self._acks_due: dict[tuple[str, bool], ClusterMessage] = {}  # (peer, replica stream) -> latest cumulative ack
+        self._acks_due: dict[tuple[str, type], ClusterMessage] = {}  # (peer, ack type) -> latest cumulative ack
         host, port = parse_hostport(c["bind"], "cluster.bind")
         tcp = config.get("listener", "tcp")
         self.config = ClusterConfig(
@@ -428,26 +428,21 @@ class ClusterWiring(SessionMigration):
 
     def _forward_committed(self, peer: str, seq: int) -> None:
         """A received forward is durable here (and on the replicas): its cumulative ack goes out with the batch."""
-        receiver = self.svc.receivers.setdefault(peer, ForwardReceiver(peer))
-        ack = receiver.committed(seq)
-        if ack is not None:
-            self._ack_later(peer, False, ack)
+        self.svc.forward_committed(peer, seq, self._ack_later)
 
     def _replica_committed(self, peer: str, seq: int) -> None:
         """A replica write is durable here: ack it with the batch (refusals are never produced here)."""
-        receiver = self.svc.replica_receivers.setdefault(peer, ReplicaReceiver(peer))
-        for ack in receiver.committed(seq, 0):
-            self._ack_later(peer, True, ack)
+        self.svc.replicate_committed(peer, seq, 0, self._ack_later)
 
-    def _ack_later(self, peer: str, replica: bool, ack: ClusterMessage) -> None:
-        """Acks are cumulative: one per peer and stream per loop iteration is enough."""
+    def _ack_later(self, peer: str, ack: ClusterMessage) -> None:
+        """Acks are cumulative: one per peer and stream (ack type) per loop iteration is enough."""
         if not self._acks_due:
             asyncio.get_running_loop().call_soon(self._flush_acks)
-        self._acks_due[(peer, replica)] = ack
+        self._acks_due[(peer, type(ack))] = ack
 
     def _flush_acks(self) -> None:
         due, self._acks_due = self._acks_due, {}
-        for (peer, _replica), ack in due.items():
+        for (peer, _kind), ack in due.items():
             self.svc.send(peer, ack)
 
     def _onward(self, message: Message, clients: list[str]) -> None:
