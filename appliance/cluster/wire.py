@@ -177,33 +177,36 @@ def _put(w: _Writer, kind: str, value: Any) -> None:
         raise AssertionError(kind)
 
 
-def _get(r: _Reader, kind: str) -> Any:
-    """Read one field of the given kind."""
-    if kind == "uint":
-        return r.uint()
-    if kind == "message":
-        return decode_message(r)
-    if kind == "bool":
-        v = r.uint()
-        if v > 1:
-            raise WireError("boolean field is neither 0 nor 1")
-        return bool(v)
-    if kind == "str":
-        return r.text()
-    if kind == "bytes":
-        return r.raw()
-    if kind == "f64":
-        return r.f64()
-    if kind == "strs":
-        return tuple(r.text() for _ in range(r.uint()))
+def _read_bool(r: _Reader) -> bool:
+    v = r.uint()
+    if v > 1:
+        raise WireError("boolean field is neither 0 nor 1")
+    return bool(v)
+
+
+def _read_strs(r: _Reader) -> tuple[str, ...]:
+    return tuple(r.text() for _ in range(r.uint()))
+
+
+def _read_vvs(r: _Reader) -> tuple[tuple[str, VersionVector], ...]:
     try:
-        if kind == "vvs":
-            return tuple((r.text(), dvv.decode_vv(r.raw())) for _ in range(r.uint()))
-        if kind == "clocks":
-            return tuple((r.text(), dvv.decode(r.raw())) for _ in range(r.uint()))
+        return tuple((r.text(), dvv.decode_vv(r.raw())) for _ in range(r.uint()))
     except ClusterError as exc:
-        raise WireError(f"bad {kind} field: {exc}") from exc
-    raise AssertionError(kind)  # pragma: no cover
+        raise WireError(f"bad vvs field: {exc}") from exc
+
+
+def _read_clocks(r: _Reader) -> tuple[tuple[str, DVVSet], ...]:
+    try:
+        return tuple((r.text(), dvv.decode(r.raw())) for _ in range(r.uint()))
+    except ClusterError as exc:
+        raise WireError(f"bad clocks field: {exc}") from exc
+
+
+# How to read one field of each kind (the body layouts name kinds in ClusterMessage.FIELDS).
+_FIELD_READERS: dict[str, Callable[[_Reader], Any]] = {
+    "uint": _Reader.uint, "bool": _read_bool, "str": _Reader.text, "bytes": _Reader.raw, "f64": _Reader.f64,
+    "strs": _read_strs, "message": decode_message, "vvs": _read_vvs, "clocks": _read_clocks,
+}
 
 
 # ---- messages ------------------------------------------------------------------------------------------------------
@@ -380,15 +383,8 @@ MESSAGE_TYPES: dict[int, type[ClusterMessage]] = {
 }
 
 
-def _reader(kind: str) -> Callable[[_Reader], Any]:
-    """The function that reads one field of `kind` (the common kinds bound directly, the rest through _get)."""
-    direct: dict[str, Callable[[_Reader], Any]] = {"uint": _Reader.uint, "str": _Reader.text, "bytes": _Reader.raw,
-                                                   "f64": _Reader.f64, "message": decode_message}
-    return direct.get(kind) or (lambda r: _get(r, kind))
-
-
 _READERS: dict[type[ClusterMessage], tuple[Callable[[_Reader], Any], ...]] = {
-    cls: tuple(_reader(kind) for kind in cls.FIELDS) for cls in MESSAGE_TYPES.values()
+    cls: tuple(_FIELD_READERS[kind] for kind in cls.FIELDS) for cls in MESSAGE_TYPES.values()
 }
 _LAYOUTS: dict[type[ClusterMessage], tuple[tuple[str, str], ...]] = {
     cls: tuple(zip((f.name for f in fields(cls)), cls.FIELDS, strict=True))  # type: ignore[arg-type]
