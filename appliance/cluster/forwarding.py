@@ -107,7 +107,6 @@ class ForwardSender(StreamSender[Forward]):
         """Release what the peer's cumulative ack covers; return the released Forwards."""
         return self.release(ack.seq)
 
-
     def narrow(self, seq: int, client: str) -> Forward | None:
         """Stop naming `client` in a buffered forward that names others too: same seq, same place in the stream, so
         the others still get it in order; return the narrowed Forward (None if it is no longer buffered)."""
