@@ -26,8 +26,10 @@ OP_ENQUEUE = 3
 OP_UPDATE = 4  # a delivery's state / packet id
 OP_REMOVE = 5
 OP_DROP = 6  # the session ended or moved away from this owner
-OP_QOS2_ADD = 7
+OP_QOS2_ADD = 7  # an incoming QoS2 packet id, with the owner's ingress mark
 OP_QOS2_DEL = 8
+OP_STRANDED_ADD = 9  # a message of this publisher acknowledged while its target node was unreachable (issue 4)
+OP_STRANDED_DEL = 10  # the target node acknowledged it
 
 
 @dataclass(slots=True)
@@ -43,6 +45,11 @@ class SessionClaim:
     # with the queue seq below which that state held all of their deliveries. A stale earlier owner whose claim
     # loses hands over only what lies at or above its base.
     bases: dict[str, int] = field(default_factory=dict)
+    # Ingress marks: earlier owners whose replica copy this session resumed from (FROM_REPLICA), or that handed it
+    # over (MIGRATED), each with the highest ingress mark that copy or hand-over reflected. A restarted earlier owner
+    # sends on its durable forwards of an unconfirmed QoS2 message only if its mark is covered (the resumed session
+    # knows the packet id); a message it acknowledged while the target was unreachable was passed on by the resumer.
+    marks: dict[str, int] = field(default_factory=dict)
 
 
 def encode_claim(claim: SessionClaim) -> bytes:
@@ -53,11 +60,16 @@ def encode_claim(claim: SessionClaim) -> bytes:
     w.uint(claim.origin)
     w.uint(1 if claim.persistent else 0)
     w.raw(_encode_subs(claim.subscriptions))
-    if claim.bases:
+    if claim.bases or claim.marks:
         w.uint(len(claim.bases))
         for node, base in claim.bases.items():
             w.text(node)
             w.uint(base)
+    if claim.marks:
+        w.uint(len(claim.marks))
+        for node, mark in claim.marks.items():
+            w.text(node)
+            w.uint(mark)
     return bytes(w.out)
 
 
@@ -74,9 +86,14 @@ def decode_claim(data: bytes) -> SessionClaim:
         for _ in range(r.uint()):
             node = r.text()
             bases[node] = r.uint()
+    marks: dict[str, int] = {}
+    if r.pos < len(data):
+        for _ in range(r.uint()):
+            node = r.text()
+            marks[node] = r.uint()
     if r.pos != len(data):
         raise WireError("trailing bytes after a session claim")
-    return SessionClaim(owner, epoch, origin, persistent, subs, bases)
+    return SessionClaim(owner, epoch, origin, persistent, subs, bases, marks)
 
 
 COPY_SEEN_MAX = 16384  # message ids a replica copy remembers
@@ -90,6 +107,31 @@ def extend_lineage(bases: dict[str, int], node: str, base: int) -> dict[str, int
     while len(out) > LINEAGE_MAX:
         del out[next(iter(out))]
     return out
+
+
+def extend_marks(marks: dict[str, int], node: str, mark: int) -> dict[str, int]:
+    """Ingress marks continued from `node`'s state, which reflected its ingress up to `mark` (the latest last)."""
+    out = {n: m for n, m in marks.items() if n != node}
+    out[node] = mark
+    while len(out) > LINEAGE_MAX:
+        del out[next(iter(out))]
+    return out
+
+
+def keeps_forward(claim: SessionClaim | None, node: str, mark: int, stranded: bool) -> bool:
+    """Whether `node`, restarted, still sends its durable forwards of a message that its publisher's session
+    (now `claim`) published there under ingress `mark`. Always while `node` still owns the session. Else a stranded
+    one (acknowledged while its target was unreachable) only if no session resumed from `node`'s copy (the resumer
+    passed it on); an unconfirmed QoS2 one only if the session continues `node`'s state and that state knew its
+    packet id (then the publisher's resend is acknowledged, not routed; otherwise it is routed as new there)."""
+    if claim is None or claim.owner == node:
+        return True
+    known = claim.marks.get(node)
+    if stranded:
+        return known is None
+    if node not in claim.bases:
+        return False
+    return known is None or known >= mark
 
 
 def hands_over(claim: SessionClaim, loser: str, seq: int) -> bool:
@@ -123,6 +165,10 @@ class ReplicaCopy:
     # position, the one its owner still fed last is the freshest (`version` counts operations of one copy only and
     # is not comparable across copies: an abandoned copy may have applied more)
     touched: float = field(default=0.0, compare=False)
+    mark: int = 0  # the owner's highest ingress mark reflected here (QoS2 ids and stranded messages)
+    # messages of this publisher that the owner acknowledged while their target was unreachable, still in its
+    # in-transit buffer: key -> an encoded Forward (a session resumed from this copy passes them on first)
+    stranded: dict[str, bytes] = field(default_factory=dict, compare=False)
 
     def note(self, msg_id: str) -> None:
         """Remember one queued message id (bounded)."""
@@ -147,24 +193,64 @@ class ReplicaCopy:
         return value if isinstance(value, bytes) else encode_delivery(value)
 
 
-def encode_snapshot(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int]) -> bytes:
-    """OP_SNAPSHOT data."""
+def encode_snapshot(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int], mark: int = 0,
+                    stranded: dict[str, bytes] | None = None) -> bytes:
+    """OP_SNAPSHOT data (the ingress mark and stranded messages are an optional tail)."""
     w = _Writer()
     w.f64(epoch)
     w.raw(encode_session(record, queue))
     w.uint(len(qos2))
     for pid in qos2:
         w.uint(pid)
+    if mark or stranded:
+        w.uint(mark)
+        w.uint(len(stranded or {}))
+        for key, entry in (stranded or {}).items():
+            w.text(key)
+            w.raw(entry)
     return bytes(w.out)
 
 
 def decode_snapshot(data: bytes) -> tuple[float, SessionRecord, list[Delivery], list[int]]:
-    """Inverse of encode_snapshot."""
+    """Inverse of encode_snapshot (without the tail)."""
+    epoch, record, queue, qos2, _mark, _stranded = decode_snapshot_full(data)
+    return epoch, record, queue, qos2
+
+
+def decode_snapshot_full(data: bytes) -> tuple[float, SessionRecord, list[Delivery], list[int], int,
+                                                 dict[str, bytes]]:
+    """Inverse of encode_snapshot, with the ingress mark and the stranded messages."""
     r = _Reader(data)
     epoch = r.f64()
     record, queue = decode_session(r.raw())
     qos2 = [r.uint() for _ in range(r.uint())]
-    return epoch, record, queue, qos2
+    mark, stranded = 0, {}
+    if r.pos < len(data):
+        mark = r.uint()
+        for _ in range(r.uint()):
+            key = r.text()
+            stranded[key] = r.raw()
+    return epoch, record, queue, qos2, mark, stranded
+
+
+def encode_mark_op(mark: int, key: str = "", entry: bytes = b"", packet_id: int = 0) -> bytes:
+    """OP_QOS2_ADD data (packet id, mark) or OP_STRANDED_ADD data (mark, key, encoded Forward)."""
+    w = _Writer()
+    if key:
+        w.uint(mark)
+        w.text(key)
+        w.raw(entry)
+    else:
+        w.uint(packet_id)
+        w.uint(mark)
+    return bytes(w.out)
+
+
+def decode_qos2_add(data: bytes) -> tuple[int, int]:
+    """OP_QOS2_ADD data -> (packet id, mark); an op without a mark has mark 0."""
+    r = _Reader(data)
+    pid = r.uint()
+    return pid, (r.uint() if r.pos < len(data) else 0)
 
 
 def encode_handover(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int],
@@ -226,14 +312,15 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
     """A replica applies one operation from `owner`; returns the new copy (None: dropped). Operations from a node
     that is not the copy's owner are ignored, except a snapshot / record with a newer epoch (a new owner)."""
     if op in (OP_SNAPSHOT, OP_SESSION):
-        epoch, record, queue, qos2 = decode_snapshot(data)
+        epoch, record, queue, qos2, mark, stranded = decode_snapshot_full(data)
         if copy is not None and copy.owner != owner and epoch < copy.epoch:
             return copy  # a stale owner (e.g. restarted after losing the session) must not overwrite
         if op == OP_SESSION and copy is not None and copy.owner == owner:
             copy.record, copy.epoch = record, epoch
         else:
             seen = copy.seen if copy is not None and copy.owner == owner else OrderedDict[str, None]()
-            copy = ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2), seen=seen)
+            copy = ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2), seen=seen, mark=mark,
+                               stranded=stranded)
             for d in queue:
                 copy.note(d.message.msg_id)
         copy.version += 1
@@ -257,9 +344,18 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
     elif op == OP_REMOVE:
         copy.queue.pop(decode_uint(data), None)
     elif op == OP_QOS2_ADD:
-        copy.qos2.add(decode_uint(data))
+        pid, mark = decode_qos2_add(data)
+        copy.qos2.add(pid)
+        copy.mark = max(copy.mark, mark)
     elif op == OP_QOS2_DEL:
         copy.qos2.discard(decode_uint(data))
+    elif op == OP_STRANDED_ADD:
+        r = _Reader(data)
+        copy.mark = max(copy.mark, r.uint())
+        key = r.text()
+        copy.stranded[key] = r.raw()
+    elif op == OP_STRANDED_DEL:
+        copy.stranded.pop(_Reader(data).text(), None)
     elif op == OP_DROP:
         return None
     return copy
@@ -280,7 +376,7 @@ def encode_copy(copy: ReplicaCopy) -> bytes:
     w = _Writer()
     w.text(copy.owner)
     w.uint(copy.version)
-    w.raw(encode_snapshot(copy.epoch, copy.record, copy.deliveries(), sorted(copy.qos2)))
+    w.raw(encode_snapshot(copy.epoch, copy.record, copy.deliveries(), sorted(copy.qos2), copy.mark, copy.stranded))
     w.f64(copy.touched)
     if copy.seen:
         w.uint(len(copy.seen))
@@ -293,13 +389,13 @@ def decode_copy(data: bytes) -> ReplicaCopy:
     """Inverse of encode_copy."""
     r = _Reader(data)
     owner, version = r.text(), r.uint()
-    epoch, record, queue, qos2 = decode_snapshot(r.raw())
+    epoch, record, queue, qos2, mark, stranded = decode_snapshot_full(r.raw())
     seen = OrderedDict[str, None]()
     touched = r.f64() if r.pos < len(data) else 0.0
     if r.pos < len(data):  # a durable header row carries no ids
         seen.update((r.text(), None) for _ in range(r.uint()))
     return ReplicaCopy(owner, epoch, record, dict[int, Delivery | bytes]({d.seq: d for d in queue}), set(qos2),
-                       version, seen=seen, touched=touched)
+                       version, seen=seen, touched=touched, mark=mark, stranded=stranded)
 
 
 __all__ = [
@@ -318,7 +414,9 @@ __all__ = [
     "encode_uint",
     "encode_update",
     "extend_lineage",
+    "extend_marks",
     "freshest",
     "hands_over",
+    "keeps_forward",
     "queue_position",
 ]

@@ -128,6 +128,10 @@ class ClusterService:
                                heartbeat_interval=config.heartbeat_interval, timeout=config.failure_timeout,
                                tls=tls)
         self.discovery: Discovery | None = None
+        # Held streams: Forward / Replicate frames to a held peer ("*": every peer) stay buffered, unsent, until
+        # released (a QoS2 packet id not yet on its replica; a restarted node reconciling its durable forwards).
+        self._holds: dict[str, int] = {}
+        self._unsent: dict[tuple[str, str], int] = {}  # (peer, "f" / "r") -> first seq held back
         self._digest_parts: dict[tuple[str, str], list[tuple[str, VersionVector]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -230,7 +234,10 @@ class ClusterService:
         sender = _entry(self.senders, peer, ForwardSender)
         fwd = sender.submit(message, clients, on_acked)
         frame = encode(fwd)
-        self.links.async_send_frame(peer, frame)
+        if self.held(peer):
+            self._unsent.setdefault((peer, "f"), fwd.seq)
+        else:
+            self.links.async_send_frame(peer, frame)
         return fwd, frame
 
     def forward_committed(self, peer: str, seq: int, send: SendAck | None = None) -> None:
@@ -251,8 +258,55 @@ class ClusterService:
         """Queue one operation for a replica (persist the returned Replicate), send it if the link is up."""
         sender = _entry(self.replica_senders, peer, ReplicaSender)
         rep = sender.submit(client_id, op, data, on_acked)
-        self.links.async_send(peer, rep)
+        if self.held(peer):
+            self._unsent.setdefault((peer, "r"), rep.seq)
+        else:
+            self.links.async_send(peer, rep)
         return rep
+
+    # -- held streams --------------------------------------------------------------------------------------------
+    def held(self, peer: str) -> bool:
+        """Whether the peer's Forward / Replicate frames are held back."""
+        holds = self._holds
+        return bool(holds) and bool(holds.get(peer) or holds.get("*"))
+
+    def hold(self, peer: str) -> None:
+        """Hold back the peer's stream frames ("*": every peer's) until a matching release()."""
+        self._holds[peer] = self._holds.get(peer, 0) + 1
+        if peer == "*":
+            for other in self.links.up_peers():
+                for kind, stream in (("f", self.senders.get(other)), ("r", self.replica_senders.get(other))):
+                    if stream is not None:
+                        self._unsent.setdefault((other, kind), stream.next_seq)
+
+    def release(self, peer: str) -> None:
+        """Undo one hold(); frames held back go out in order once nothing holds their peer."""
+        left = self._holds.get(peer, 0) - 1
+        if left > 0:
+            self._holds[peer] = left
+            return
+        self._holds.pop(peer, None)
+        # a peer's replica operations first: a snapshot that re-replicates a packet id precedes the held forwards
+        for other, kind in sorted((k for k in self._unsent if peer in ("*", k[0])), key=lambda k: (k[0], k[1] != "r")):
+            if self.held(other):
+                continue
+            first = self._unsent.pop((other, kind))
+            stream = self.senders.get(other) if kind == "f" else self.replica_senders.get(other)
+            if stream is None or not self.links.is_up(other):
+                continue  # the next link-up resends the whole buffer
+            for msg in stream.resend():
+                if msg.seq >= first:
+                    self.links.async_send(other, msg)
+
+    def _resend(self, peer: str, kind: str, msgs: list[Forward] | list[Replicate]) -> None:
+        """Link-up resend of one stream; frames from the first held-back one on wait for the release."""
+        if self.held(peer):
+            first = self._unsent.get((peer, kind))
+            if self._holds.get("*"):
+                first = self._unsent[(peer, kind)] = 0
+            msgs = [m for m in msgs if first is None or m.seq < first]  # type: ignore[assignment]
+        for msg in msgs:
+            self.links.async_send(peer, msg)
 
     def replicate_committed(self, peer: str, seq: int, status: int = 0, send: SendAck | None = None) -> None:
         """A received operation is committed (status 0) or refused: send the acks now due (through `send`)."""
@@ -305,10 +359,11 @@ class ClusterService:
         self.membership.set_up(peer, True)
         for space in self.spaces:
             self._send_digest(peer, space)
-        for stream in (self.senders.get(peer), self.replica_senders.get(peer)):
-            if stream is not None:
-                for msg in stream.resend():
-                    self.links.async_send(peer, msg)
+        sender, rsender = self.senders.get(peer), self.replica_senders.get(peer)
+        if sender is not None:
+            self._resend(peer, "f", sender.resend())
+        if rsender is not None:
+            self._resend(peer, "r", rsender.resend())
         self.cb.on_member(peer, True)
 
     def _link_down(self, peer: str, reason: str) -> None:

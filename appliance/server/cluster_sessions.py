@@ -33,6 +33,7 @@ from appliance.cluster.ownership import (
     encode_copy,
     encode_handover,
     extend_lineage,
+    extend_marks,
     freshest,
     hands_over,
     queue_position,
@@ -53,7 +54,7 @@ SESSIONS = "sessions"
 FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
 RELEASED_PUSH_S = 300.0  # a session let go this recently has its claim pushed to every peer that links up
 SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
-Lineage = tuple[int, dict[str, int]]  # (claim origin, lineage bases) of a session being connected here
+Lineage = tuple[int, dict[str, int], dict[str, int]]  # (claim origin, bases, ingress marks) of a session connecting
 
 
 def _key(seq: int) -> str:
@@ -80,6 +81,7 @@ class SessionMigration:
     _request_id: int
     events: Any
     clock: Callable[[], float]
+    pass_on_stranded: Callable[[ReplicaCopy], int]  # IngressGuard: what a copy's owner acked for unreachable targets
 
     @property
     def svc(self) -> ClusterService:
@@ -289,15 +291,18 @@ class SessionMigration:
             assert self.broker is not None
             base = queue_position(best)
             queue = best.deliveries()
-            self._origin[cid] = (FROM_REPLICA, extend_lineage(claim.bases, best.owner, base))
+            self._origin[cid] = (FROM_REPLICA, extend_lineage(claim.bases, best.owner, base),
+                                 extend_marks(claim.marks, best.owner, best.mark))
             for msg_id in best.seen:  # what the owner queued lately, delivered or not: a late copy is dropped
                 self._remember(cid, msg_id)
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
             if local is not None:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
             self._retarget(cid, owner, self.node_id)  # now, before any newer local publish reaches the session
+            stranded = self.pass_on_stranded(best)  # what the owner acked for unreachable targets, before newer
             self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
-            log.info("session %s resumed from a replica (%d queued), owner %s unreachable", cid, len(queue), owner)
+            log.info("session %s resumed from a replica (%d queued, %d stranded passed on), owner %s unreachable", cid,
+                     len(queue), stranded, owner)
         return ReasonCode.SUCCESS
 
     def _owner_up_here(self, cid: str, asker: str) -> bool:
@@ -320,7 +325,7 @@ class SessionMigration:
                 current = self.claims.get(cid)
                 bases = extend_lineage(current.bases if current else {}, self.node_id, record.next_seq)
                 claim = SessionClaim(msg.node, epoch, MIGRATED, record.expiry_interval > 0, dict(record.subscriptions),
-                                     bases)
+                                     bases, dict(current.marks) if current else {})
                 # The state goes out before the claim: the new owner adopts the session before its own buffered
                 # forwards to us are retargeted to it (delivered into that session, in order).
                 seen = list(self._seen.pop(cid, {}))
@@ -377,7 +382,8 @@ class SessionMigration:
         for msg_id in seen:  # what the old owner already queued (and maybe delivered): not again
             self._remember(cid, msg_id)
         current = self.claims.get(cid)
-        self._origin[cid] = (MIGRATED, extend_lineage(current.bases if current else {}, peer, record.next_seq))
+        self._origin[cid] = (MIGRATED, extend_lineage(current.bases if current else {}, peer, record.next_seq),
+                             dict(current.marks) if current else {})
         adopt_session(broker, record, queue, qos2)
         log.info("session %s handed over by %s (%d queued)", cid, peer, len(queue))
         # Our forwards still buffered for the old owner join the session now, in order, before any newer local

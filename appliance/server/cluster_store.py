@@ -90,6 +90,16 @@ class ClusterStore:
         if self._capture is not None:
             self._capture.append(key)
 
+    def chain_wait(self, old: Wait, new: Wait) -> None:
+        """Whatever waits for `old` also waits for `new` (registered outside the FIFO's order)."""
+        gates = self._open.get(old)
+        if not gates:
+            return
+        self._open.setdefault(new, []).extend(gates)
+        for entry in gates:
+            entry.pending[new[0]] = entry.pending.get(new[0], 0) + 1
+            entry.gate.waiting.add(new[0])
+
     def begin_own_acks(self) -> None:
         """Start collecting the waits that the next after_own_acks callback must wait for."""
         self._capture = []

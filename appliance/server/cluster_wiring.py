@@ -23,6 +23,7 @@ from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import (
     FRESH,
     OP_DROP,
+    OP_QOS2_ADD,
     OP_SESSION,
     OP_SNAPSHOT,
     ReplicaCopy,
@@ -41,6 +42,7 @@ from appliance.cluster.wire import Forward, decode_body, encode
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.store import SqliteStore
 
+from .cluster_ingress import IngressGuard
 from .cluster_sessions import Lineage, SessionMigration
 from .cluster_store import ClusterStore
 from .config import Config, parse_hostport
@@ -58,7 +60,7 @@ def _key(seq: int) -> str:
     return f"{seq:020d}"
 
 
-class ClusterWiring(SessionMigration):
+class ClusterWiring(SessionMigration, IngressGuard):
     """The cluster side of one broker node (implements appliance.broker.ports.ClusterPort)."""
 
     def __init__(self, config: Config, inner: SqliteStore, events: EventSink | None, secret: bytes) -> None:
@@ -88,6 +90,8 @@ class ClusterWiring(SessionMigration):
         self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
         self._rebalance_pending = False
         self._acks_due: dict[tuple[str, type], ClusterMessage] = {}  # (peer, ack type) -> latest cumulative ack
+        self._init_ingress()
+        self._reconcile_task: asyncio.Task[None] | None = None
         host, port = parse_hostport(c["bind"], "cluster.bind")
         tcp = config.get("listener", "tcp")
         self.config = ClusterConfig(
@@ -136,6 +140,7 @@ class ClusterWiring(SessionMigration):
                 self.service.restore_replication(peer, next_seq=self._seq_base, committed_upto=int(v))
         for cid, value in spaces[SESSIONS].items(claim_order).items():
             self._apply_claim(cid, decode_claim(value), restoring=True)
+        self.restore_ingress(kv)
         if self.broker is not None:
             for cid, session in self.broker.sessions.items():
                 for delivery in [*session.inflight.values(), *session.queue]:
@@ -150,11 +155,15 @@ class ClusterWiring(SessionMigration):
         assert self.service is not None
         await self.service.async_start()
         self._schedule_rebalance()
+        if self._reconciled is not None:
+            self._reconcile_task = asyncio.get_running_loop().create_task(self.async_reconcile())
 
     async def async_settle(self) -> None:
         """Before clients are served: a node that restarts with sessions gets a bounded moment (2 x failure_timeout)
         to link up and exchange digests, so it does not serve a session another node took over meanwhile."""
         broker = self.broker
+        if self._reconciled is not None:
+            await self._reconciled.wait()  # bounded: async_reconcile gives up waiting for peers
         if broker is None or not broker.sessions:
             return
         loop = asyncio.get_running_loop()
@@ -230,6 +239,8 @@ class ClusterWiring(SessionMigration):
         the sessions reached."""
         if message.retain:
             self.retained_changed(message)
+        if message.qos == 2 and self._q2_last:
+            self._tag_routed(message)
         targets = self._targets(message)
         for client_id in shared:
             claim = self.claims.get(client_id)
@@ -256,6 +267,9 @@ class ClusterWiring(SessionMigration):
             self.inner.kv_put(f"fwd/{node}", _key(fwd.seq), frame)
             if svc.links.is_up(node) or not self.c["allow_publish"]:
                 store.add_wait(node, fwd.seq, "f")
+            else:  # acknowledged with the target unreachable: its publisher's replicas keep it too
+                for replica, rep_seq in self._strand(node, fwd, frame):
+                    store.add_wait(replica, rep_seq, "r")
         self._emit("forwarded", message=message, peer_node=node)
 
     def _refusal_while_split(self, allowed: bool) -> int | None:
@@ -278,15 +292,15 @@ class ClusterWiring(SessionMigration):
         cid = record.client_id
         current = self.claims.get(cid)
         mine = current is not None and current.owner == self.node_id
-        lineage: Lineage = (FRESH, {})
+        lineage: Lineage = (FRESH, {}, {})
         if mine and current is not None:
-            lineage = (current.origin, current.bases)  # the same session, continued here
+            lineage = (current.origin, current.bases, current.marks)  # the same session, continued here
         epoch = current.epoch if mine and current is not None and not connected else self.clock()
         if connected:
             lineage = self._origin.pop(cid, lineage)
-        origin, bases = lineage
+        origin, bases, marks = lineage
         claim = SessionClaim(self.node_id, epoch, origin, record.expiry_interval > 0, dict(record.subscriptions),
-                             dict(bases))
+                             dict(bases), dict(marks))
         if claim != current:
             self.svc.put(SESSIONS, cid, encode_claim(claim))
 
@@ -388,6 +402,7 @@ class ClusterWiring(SessionMigration):
             waiters: list[Any] = []
             if set(buffered.clients) == {cid}:
                 [(fwd, waiters)] = sender.retarget([buffered.seq])
+                self._unstrand(old, fwd.seq)
                 if fwd.message.qos:
                     self.inner.kv_delete(f"fwd/{old}", _key(fwd.seq))
             else:
@@ -461,6 +476,8 @@ class ClusterWiring(SessionMigration):
         for fwd in released:
             if fwd.message.qos:
                 self.inner.kv_delete(f"fwd/{peer}", _key(fwd.seq))
+                if self._strand_keys:
+                    self._unstrand(peer, fwd.seq)
             self._emit("forward_acked", message=fwd.message, peer_node=peer)
 
     # -- membership ----------------------------------------------------------------------------------------------
@@ -473,7 +490,9 @@ class ClusterWiring(SessionMigration):
         if not up:
             if self._fenced():
                 self._fence_subscribers()  # before the waits below release sends the replicas cannot know of
+            self._ingress_peer_down(peer)
             if self.c["allow_publish"]:
+                self._strand_in_flight(peer)
                 self.store.peer_down(peer, "f")
             self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once
             for request_id, (future, asked, _clean) in list(self._requests.items()):
@@ -493,18 +512,27 @@ class ClusterWiring(SessionMigration):
         image = session_image(self.broker, cid)
         assert image is not None
         claim = self.claims.get(cid)
-        return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2])
+        return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2],
+                               *self.snapshot_extras(cid))
 
-    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool) -> None:
+    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, mark: int = 0) -> int:
+        """Send one replica operation (a mark: its ack confirms that QoS2 packet id); return its stream seq."""
         svc = self.svc
         if peer not in svc.replica_senders:
             svc.replica_senders[peer] = ReplicaSender(peer, next_seq=self._seq_base)
         store = self.store
         seq_box: list[int] = []
-        rep = svc.replicate(peer, cid, op, data, lambda _s, _st: store.wait_done(peer, seq_box[0], "r"))
+
+        def acked_by_peer(_seq: int, _status: int) -> None:
+            store.wait_done(peer, seq_box[0], "r")
+            if mark:
+                self._qos2_acked(mark, peer)
+
+        rep = svc.replicate(peer, cid, op, data, acked_by_peer)
         seq_box.append(rep.seq)
         if acked and svc.links.is_up(peer):
             store.add_wait(peer, rep.seq, "r")
+        return rep.seq
 
     def _session_op(self, cid: str, op: int, data: bytes, acked: bool) -> None:
         """A write to a session's durable state: the same write to its replicas."""
@@ -526,11 +554,15 @@ class ClusterWiring(SessionMigration):
                 self._replicate(peer, cid, OP_SNAPSHOT, snapshot, True)
             if op == OP_SESSION:
                 return
+        mark = 0
         if op == OP_SESSION:
             claim = self.claims.get(cid)
             data = encode_snapshot(claim.epoch if claim else self.clock(), session.record, [], [])
+        elif op == OP_QOS2_ADD and peers:
+            data = self._qos2_added(cid, data, peers)
+            mark = self._q2_last[cid]
         for peer in peers:
-            self._replicate(peer, cid, op, data, acked)
+            self._replicate(peer, cid, op, data, acked, mark)
 
     def _schedule_rebalance(self) -> None:
         if not self._rebalance_pending:
