@@ -192,6 +192,23 @@ class ReplicaReceiver(StreamReceiver):
         """Operation `seq` committed (status 0) or refused (a reason code); return the acks to send, in order."""
         return [ReplAck(s, st) for s, st in self._advance(seq, status)]
 
+    def committed_through(self, seq: int) -> list[ReplAck]:
+        """Every accepted operation up to `seq` committed (status 0): the acks to send (a batch commits as one)."""
+        uncommitted, pending, done = self._uncommitted, self._pending, self._done
+        last = 0
+        for head in uncommitted:
+            if head > seq:
+                break
+            if head in pending:
+                pending.discard(head)
+                done[head] = 0
+                last = head
+        if not last:
+            return []
+        pending.add(last)  # _advance marks it once more and walks the prefix
+        del done[last]
+        return [ReplAck(s, st) for s, st in self._advance(last, 0)]
+
     def duplicate_ack(self) -> ReplAck | None:
         """The ack to re-send after dropping duplicates."""
         return ReplAck(self.committed_upto) if self.committed_upto else None

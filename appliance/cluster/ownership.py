@@ -30,6 +30,7 @@ OP_QOS2_ADD = 7  # an incoming QoS2 packet id, with the owner's ingress mark
 OP_QOS2_DEL = 8
 OP_STRANDED_ADD = 9  # a message of this publisher acknowledged while its target node was unreachable (issue 4)
 OP_STRANDED_DEL = 10  # the target node acknowledged it
+OP_REMOVE_MANY = 11  # OP_REMOVE of several deliveries (the releases of one loop iteration)
 
 
 @dataclass(slots=True)
@@ -308,6 +309,21 @@ def decode_uint(data: bytes) -> int:
     return _Reader(data).uint()
 
 
+def encode_uints(values: list[int]) -> bytes:
+    """OP_REMOVE_MANY data."""
+    w = _Writer()
+    w.uint(len(values))
+    for n in values:
+        w.uint(n)
+    return bytes(w.out)
+
+
+def decode_uints(data: bytes) -> list[int]:
+    """Inverse of encode_uints."""
+    r = _Reader(data)
+    return [r.uint() for _ in range(r.uint())]
+
+
 def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> ReplicaCopy | None:
     """A replica applies one operation from `owner`; returns the new copy (None: dropped). Operations from a node
     that is not the copy's owner are ignored, except a snapshot / record with a newer epoch (a new owner)."""
@@ -343,6 +359,9 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
             found.state, found.packet_id = state, pid
     elif op == OP_REMOVE:
         copy.queue.pop(decode_uint(data), None)
+    elif op == OP_REMOVE_MANY:
+        for seq in decode_uints(data):
+            copy.queue.pop(seq, None)
     elif op == OP_QOS2_ADD:
         pid, mark = decode_qos2_add(data)
         copy.qos2.add(pid)

@@ -314,6 +314,12 @@ class ClusterService:
         for ack in _entry(self.replica_receivers, peer, ReplicaReceiver).committed(seq, status):
             send(peer, ack)
 
+    def replicate_committed_through(self, peer: str, seq: int, send: SendAck | None = None) -> None:
+        """Every received operation up to `seq` is committed: send the acks now due (through `send`)."""
+        send = send or self.links.async_send
+        for ack in _entry(self.replica_receivers, peer, ReplicaReceiver).committed_through(seq):
+            send(peer, ack)
+
     def send(self, peer: str, msg: ClusterMessage) -> bool:
         """Send a session / replication message; False if the peer's link is down."""
         return self.links.async_send(peer, msg)

@@ -111,8 +111,30 @@ class _Reader:
         return float(_F64.unpack(self.take(8))[0])
 
 
+_ENCODED: dict[str, tuple[Message, bytes]] = {}  # msg id -> (message, its encoding): recent messages, by identity
+_ENCODED_MAX = 4096
+
+
+def _remember_encoding(m: Message, data: bytes) -> None:
+    """Keep a message's encoding: a forwarded message is encoded again for its replica (OP_ENQUEUE)."""
+    cache = _ENCODED
+    if len(cache) >= _ENCODED_MAX:
+        del cache[next(iter(cache))]
+    cache[m.msg_id] = (m, data)
+
+
 def encode_message(w: _Writer, m: Message) -> None:
     """Write a broker Message (publication properties in their MQTT 5 encoding)."""
+    cached = _ENCODED.get(m.msg_id)
+    if cached is not None and cached[0] is m:
+        w.out += cached[1]
+        return
+    start = len(w.out)
+    _encode_message(w, m)
+    _remember_encoding(m, bytes(w.out[start:]))
+
+
+def _encode_message(w: _Writer, m: Message) -> None:
     w.text(m.msg_id)
     w.text(m.topic)
     w.raw(m.payload)
@@ -128,7 +150,14 @@ def encode_message(w: _Writer, m: Message) -> None:
 
 
 def decode_message(r: _Reader) -> Message:
-    """Read a broker Message written by encode_message."""
+    """Read a broker Message written by encode_message (its encoding is kept for a re-encode)."""
+    start = r.pos
+    m = _decode_message(r)
+    _remember_encoding(m, r.buf[start : r.pos])
+    return m
+
+
+def _decode_message(r: _Reader) -> Message:
     msg_id, topic, payload, flags = r.text(), r.text(), r.raw(), r.uint()
     if flags & ~0x0F or flags & 0x03 == 3:
         raise WireError(f"bad message flags 0x{flags:02x}")

@@ -19,6 +19,7 @@ from appliance.cluster.ownership import (
     OP_QOS2_ADD,
     OP_QOS2_DEL,
     OP_REMOVE,
+    OP_REMOVE_MANY,
     OP_SESSION,
     OP_SNAPSHOT,
     OP_UPDATE,
@@ -28,6 +29,7 @@ from appliance.cluster.ownership import (
     decode_copy,
     decode_handover,
     decode_uint,
+    decode_uints,
     decode_update,
     encode_claim,
     encode_copy,
@@ -76,6 +78,7 @@ class SessionMigration:
     _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
     _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
     _seen: dict[str, OrderedDict[str, None]]
+    _rep_due: dict[str, int]  # peer -> last replica operation applied in this loop iteration
     r: int
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
     _request_id: int
@@ -145,12 +148,21 @@ class SessionMigration:
             new.touched = self.clock()
         if changed:
             self._persist_copy(cid, new, rep, whole=new is not old or old_owner != peer)
-        self.inner.set_meta(f"cluster.rep.{peer}", str(rep.seq))
-        self.inner.after_commit(self._replica_committed, peer, rep.seq)
+        due = self._rep_due  # one meta write and one commit callback per peer and loop iteration
+        if not due:
+            asyncio.get_running_loop().call_soon(self._flush_replica_commits)
+        due[peer] = rep.seq
         if rep.op == OP_ENQUEUE and changed and new is not None and new.last is not None and self.events is not None:
             self._emit("replicated", message=new.delivery(new.last).message, subscriber=cid, peer_node=peer)
         if rep.op == OP_SNAPSHOT and new is not None:
             self._emit("replicated", subscriber=cid, peer_node=peer, reason="snapshot")
+
+    def _flush_replica_commits(self) -> None:
+        """Operations applied this iteration: persist each peer's stream position; ack them all after the commit."""
+        due, self._rep_due = self._rep_due, {}
+        for peer, seq in due.items():
+            self.inner.set_meta(f"cluster.rep.{peer}", str(seq))
+            self.inner.after_commit(self._replica_committed, peer, seq)
 
     def _persist_copy(self, cid: str, copy: ReplicaCopy | None, rep: Replicate, whole: bool) -> None:
         """Write what one operation changed in a replica copy (header row, queue rows)."""
@@ -178,6 +190,9 @@ class SessionMigration:
                 inner.kv_put(ns, _key(seq), copy.encoded(seq))
         elif rep.op == OP_REMOVE:
             inner.kv_delete(ns, _key(decode_uint(rep.data)))
+        elif rep.op == OP_REMOVE_MANY:
+            for seq in decode_uints(rep.data):
+                inner.kv_delete(ns, _key(seq))
 
     # -- takeover and migration ----------------------------------------------------------------------------------
     def prepare_connect(self, client_id: str, clean_start: bool) -> Coroutine[Any, Any, int] | None:

@@ -18,12 +18,14 @@ from appliance.broker.handover import deliver_forwarded, release_session, sessio
 from appliance.broker.model import Message, SessionRecord
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
-from appliance.cluster.forwarding import ForwardSender, ReplicaSender
+from appliance.cluster.forwarding import ForwardSender, OnAcked, ReplicaSender
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import (
     FRESH,
     OP_DROP,
     OP_QOS2_ADD,
+    OP_REMOVE,
+    OP_REMOVE_MANY,
     OP_SESSION,
     OP_SNAPSHOT,
     ReplicaCopy,
@@ -31,8 +33,10 @@ from appliance.cluster.ownership import (
     claim_order,
     decode_claim,
     decode_copy,
+    decode_uint,
     encode_claim,
     encode_snapshot,
+    encode_uints,
     hands_over,
 )
 from appliance.cluster.records import decode_delivery, decode_retained, encode_retained, retained_order
@@ -91,6 +95,10 @@ class ClusterWiring(SessionMigration, IngressGuard):
         self._rebalance_pending = False
         self._acks_due: dict[tuple[str, type], ClusterMessage] = {}  # (peer, ack type) -> latest cumulative ack
         self._init_ingress()
+        self._rep_due: dict[str, int] = {}
+        self._fwd_waiters: dict[str, OnAcked] = {}  # peer -> the callback of its forward acks (one per peer)
+        self._rep_waiters: dict[str, OnAcked] = {}  # peer -> the callback of its replica acks
+        self._removes: dict[str, list[int]] = {}  # session -> delivery seqs released this loop iteration
         self._reconcile_task: asyncio.Task[None] | None = None
         host, port = parse_hostport(c["bind"], "cluster.bind")
         tcp = config.get("listener", "tcp")
@@ -260,9 +268,10 @@ class ClusterWiring(SessionMigration, IngressGuard):
         if node not in svc.senders:
             svc.senders[node] = ForwardSender(node, next_seq=self._seq_base)
         store = self.store
-        seq_box: list[int] = []
-        fwd, frame = svc.forward_frame(node, message, clients, lambda _s, _st: store.wait_done(node, seq_box[0], "f"))
-        seq_box.append(fwd.seq)
+        waiter = self._fwd_waiters.get(node)
+        if waiter is None:
+            waiter = self._fwd_waiters[node] = lambda seq, _st: store.wait_done(node, seq, "f")
+        fwd, frame = svc.forward_frame(node, message, clients, waiter)
         if message.qos:
             self.inner.kv_put(f"fwd/{node}", _key(fwd.seq), frame)
             if svc.links.is_up(node) or not self.c["allow_publish"]:
@@ -446,8 +455,8 @@ class ClusterWiring(SessionMigration, IngressGuard):
         self.svc.forward_committed(peer, seq, self._ack_later)
 
     def _replica_committed(self, peer: str, seq: int) -> None:
-        """A replica write is durable here: ack it with the batch (refusals are never produced here)."""
-        self.svc.replicate_committed(peer, seq, 0, self._ack_later)
+        """Replica writes up to seq are durable here: ack them with the batch (refusals are never produced here)."""
+        self.svc.replicate_committed_through(peer, seq, self._ack_later)
 
     def _ack_later(self, peer: str, ack: ClusterMessage) -> None:
         """Acks are cumulative: one per peer and stream (ack type) per loop iteration is enough."""
@@ -521,24 +530,35 @@ class ClusterWiring(SessionMigration, IngressGuard):
         if peer not in svc.replica_senders:
             svc.replica_senders[peer] = ReplicaSender(peer, next_seq=self._seq_base)
         store = self.store
-        seq_box: list[int] = []
+        waiter = self._rep_waiters.get(peer)
+        if waiter is None:
+            waiter = self._rep_waiters[peer] = lambda seq, _st: store.wait_done(peer, seq, "r")
+        if mark:
+            plain = waiter
 
-        def acked_by_peer(_seq: int, _status: int) -> None:
-            store.wait_done(peer, seq_box[0], "r")
-            if mark:
+            def waiter(seq: int, status: int) -> None:
+                plain(seq, status)
                 self._qos2_acked(mark, peer)
 
-        rep = svc.replicate(peer, cid, op, data, acked_by_peer)
-        seq_box.append(rep.seq)
+        rep = svc.replicate(peer, cid, op, data, waiter)
         if acked and svc.links.is_up(peer):
             store.add_wait(peer, rep.seq, "r")
         return rep.seq
 
     def _session_op(self, cid: str, op: int, data: bytes, acked: bool) -> None:
-        """A write to a session's durable state: the same write to its replicas."""
+        """A write to a session's durable state: the same write to its replicas (releases go as one operation per
+        session and loop iteration, ahead of the session's next other operation)."""
         broker = self.broker
         if broker is None or self.service is None or self.r < 2:
             return
+        removes = self._removes
+        if op == OP_REMOVE:
+            if not removes:
+                asyncio.get_running_loop().call_soon(self._flush_removes)
+            removes.setdefault(cid, []).append(decode_uint(data))
+            return
+        if removes and cid in removes:
+            self._replicate_removes(cid, removes.pop(cid))
         if op == OP_DROP:
             for peer in self.assigned.pop(cid, []):
                 self._replicate(peer, cid, OP_DROP, b"", False)
@@ -563,6 +583,14 @@ class ClusterWiring(SessionMigration, IngressGuard):
             mark = self._q2_last[cid]
         for peer in peers:
             self._replicate(peer, cid, op, data, acked, mark)
+
+    def _flush_removes(self) -> None:
+        removes, self._removes = self._removes, {}
+        for cid, seqs in removes.items():
+            self._replicate_removes(cid, seqs)
+
+    def _replicate_removes(self, cid: str, seqs: list[int]) -> None:
+        self._session_op(cid, OP_REMOVE_MANY, encode_uints(seqs), False)
 
     def _schedule_rebalance(self) -> None:
         if not self._rebalance_pending:
