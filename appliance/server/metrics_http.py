@@ -47,6 +47,8 @@ def render_metrics(node: Node) -> str:
     stats = node.store.stats()
     metric("store_commits_total", "counter", "Group commits (each one fsync).", [("", stats.get("commits", 0))])
     metric("store_ops_total", "counter", "Store operations committed.", [("", stats.get("ops", 0))])
+    metric("store_ops_elided_total", "counter", "Store operations never written: their row was removed in the same "
+           "commit (e.g. a queue entry acked before it reached the disk).", [("", stats.get("ops_elided", 0))])
     metric("store_commit_batch_size", "gauge", "Operations per commit.",
            [(f'{{stat="{k}"}}', stats.get(f"batch_{k}", 0)) for k in ("last", "mean", "max")])
     metric("store_commit_latency_ms", "gauge", "Commit latency in milliseconds.",
