@@ -386,7 +386,7 @@ class Broker:
             return
         events = self.events
         if events is not None:
-            events.emit("received", message=message, publisher_packet_id=pid)
+            events.received(message, pid)
         qos2_saved = False
         if qos == 2:  # the id first: a cluster node's replica learns it before any node can act on the message
             session.incoming_qos2[pid] = None  # type: ignore[index]
@@ -413,7 +413,7 @@ class Broker:
 
     def _committed(self, message: Message, session: Session, link: ClientLink, ack: Ack) -> None:
         if self.events is not None:
-            self.events.emit("committed", message=message)
+            self.events.committed(message)
         self._send_ack(session, link, ack)
 
     def _on_puback(self, session: Session, link: ClientLink, packet: Puback | Pubcomp) -> None:
@@ -421,7 +421,7 @@ class Broker:
         if delivery is not None:
             self.metrics.messages_out[delivery.qos] += 1
             if self.events is not None:
-                self.events.emit("acked", message=delivery.message, subscriber=session.client_id, qos=delivery.qos)
+                self.events.acked(delivery.message, session.client_id, delivery.qos)
 
     def _on_pubrec(self, session: Session, link: ClientLink, packet: Pubrec) -> None:
         if packet.reason_code >= 0x80:  # the client refused it: the flow ends here [MQTT-4.3.3-?]

@@ -59,15 +59,44 @@ class Store(Protocol):
 
 
 class EventSink(Protocol):
-    """Where the broker reports each message's life (received, committed, routed, delivered, acked, dropped...)."""
+    """Where the broker reports each message's life (received, committed, routed, delivered, acked, dropped...).
+
+    The five events every QoS1 message has have positional methods (no keyword dict per event on the hot path);
+    `emit` takes any kind with the schema's fields as keywords.
+    """
 
     def emit(self, kind: str, **fields: Any) -> None: ...
+
+    def received(self, message: Message, publisher_packet_id: int | None) -> None: ...
+
+    def committed(self, message: Message) -> None: ...
+
+    def routed(self, message: Message, subscriber: str, topic_filter: str, qos: int) -> None: ...
+
+    def delivered(self, message: Message, subscriber: str, qos: int, dup: bool, attempt: int) -> None: ...
+
+    def acked(self, message: Message, subscriber: str, qos: int) -> None: ...
 
 
 class NullEventSink:
     """An EventSink that records nothing (delivery logging off)."""
 
     def emit(self, kind: str, **fields: Any) -> None:
+        """Discard the event."""
+
+    def received(self, message: Message, publisher_packet_id: int | None) -> None:
+        """Discard the event."""
+
+    def committed(self, message: Message) -> None:
+        """Discard the event."""
+
+    def routed(self, message: Message, subscriber: str, topic_filter: str, qos: int) -> None:
+        """Discard the event."""
+
+    def delivered(self, message: Message, subscriber: str, qos: int, dup: bool, attempt: int) -> None:
+        """Discard the event."""
+
+    def acked(self, message: Message, subscriber: str, qos: int) -> None:
         """Discard the event."""
 
 

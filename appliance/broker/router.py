@@ -163,14 +163,14 @@ class Router:
         """Hand one message to one session; returns True when it was written to the store."""
         events = self.events
         if events is not None:
-            events.emit("routed", message=message, subscriber=session.client_id, filter=topic_filter, qos=qos)
+            events.routed(message, session.client_id, topic_filter, qos)
         if qos == 0:
             link = session.link
             if link is not None:
                 if link.publish(message, 0, retain, None, False, sub_ids):
                     self.metrics.messages_out[0] += 1
                     if events is not None:
-                        events.emit("delivered", message=message, subscriber=session.client_id, qos=0, attempt=1)
+                        events.delivered(message, session.client_id, 0, False, 1)
                 else:
                     self.metrics.drop("packet_too_large")
                 return False

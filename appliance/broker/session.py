@@ -150,8 +150,7 @@ class Session:
 
     def _send_first(self, link: ClientLink, delivery: Delivery, pid: int) -> None:
         if self.events is not None:
-            self.events.emit("delivered", message=delivery.message, subscriber=self.record.client_id,
-                             qos=delivery.qos, dup=False, attempt=delivery.attempts)
+            self.events.delivered(delivery.message, self.record.client_id, delivery.qos, False, delivery.attempts)
         if not link.publish(delivery.message, delivery.qos, delivery.retain, pid, False, delivery.subscription_ids):
             del self.inflight[pid]  # too large for this client: dropped, never retried [MQTT-3.1.2-25]
             if self.store is not None:
@@ -168,8 +167,8 @@ class Session:
             else:
                 delivery.attempts += 1
                 if self.events is not None:
-                    self.events.emit("delivered", message=delivery.message, subscriber=self.record.client_id,
-                                     qos=delivery.qos, dup=True, attempt=delivery.attempts)
+                    self.events.delivered(delivery.message, self.record.client_id, delivery.qos, True,
+                                          delivery.attempts)
                 link.publish(delivery.message, delivery.qos, delivery.retain, pid, True, delivery.subscription_ids)
 
     def complete(self, packet_id: int) -> Delivery | None:

@@ -10,6 +10,7 @@ from itertools import repeat, starmap
 from typing import Any
 
 from .identity import Identity, clock_sync_probe, read_boot_id
+from .positional import LAYOUTS
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
 from .worker import WriterProcess
 from .writer import FULL_MESSAGE_KINDS, ITEM_LEN, DeliveryLogError, Limits, SegmentWriter, WriterStats
@@ -92,6 +93,8 @@ class DeliveryLog:
         self._error: BaseException | None = None
         if strict:
             self.emit = self._emit_strict  # type: ignore[method-assign]
+            for kind in LAYOUTS:
+                setattr(self, kind, self._checked(kind, getattr(self, kind)))
         self._thread = threading.Thread(target=self._run, name="deliverylog-writer", daemon=True)
         self._thread.start()
 
@@ -108,6 +111,49 @@ class DeliveryLog:
             elif "msg_id" not in fields:
                 fields["msg_id"] = message.msg_id
         self._extend((kind, _time_ns(), _mono_ns(), fields))
+
+    # -- the hot events: positional, one tuple each (positional.LAYOUTS), no keyword dict ----------------------------
+
+    def received(self, message: Any, publisher_packet_id: int | None) -> None:
+        """A message accepted from a publisher (its first event: every message field)."""
+        props = message.properties
+        user = props.user_properties if props is not None else None
+        self._extend(("received", _time_ns(), _mono_ns(), (
+            message.msg_id, message.publisher, message.topic, message.qos, message.retain, len(message.payload),
+            tuple(user) if user else None, publisher_packet_id,
+        )))
+
+    def committed(self, message: Any) -> None:
+        """The message is on disk here."""
+        self._extend(("committed", _time_ns(), _mono_ns(), (message.msg_id,)))
+
+    def routed(self, message: Any, subscriber: str, topic_filter: str, qos: int) -> None:
+        """The message matched one subscriber's filter."""
+        self._extend(("routed", _time_ns(), _mono_ns(), (message.msg_id, subscriber, topic_filter, qos)))
+
+    def delivered(self, message: Any, subscriber: str, qos: int, dup: bool, attempt: int) -> None:
+        """A PUBLISH of the message went to the subscriber."""
+        self._extend(("delivered", _time_ns(), _mono_ns(), (message.msg_id, subscriber, qos, dup, attempt)))
+
+    def acked(self, message: Any, subscriber: str, qos: int) -> None:
+        """The subscriber acknowledged the message (PUBACK / PUBCOMP)."""
+        self._extend(("acked", _time_ns(), _mono_ns(), (message.msg_id, subscriber, qos)))
+
+    @staticmethod
+    def _checked(kind: str, method: Callable[..., None]) -> Callable[..., None]:
+        """A positional method that first checks its values against the schema (for tests)."""
+        names = ("publisher_packet_id",) if kind == "received" else LAYOUTS[kind][1:]
+
+        def checked(message: Any, *values: Any) -> None:
+            if not hasattr(message, "msg_id"):
+                raise ValueError(f"{kind}: expects a broker Message, got {type(message).__name__}")
+            for name, value in zip(names, values, strict=True):
+                problem = field_problem(name, value)
+                if problem:
+                    raise ValueError(f"{kind}: {problem}")
+            method(message, *values)
+
+        return checked
 
     def _emit_strict(self, kind: str, message: Any = None, **fields: Any) -> None:
         """emit() that first checks the kind and every field against the schema (for tests)."""

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .identity import Identity
+from .positional import plain as plain_positional
 from .writer import (
     FULL_MESSAGE_KINDS,
     ITEM_LEN,
@@ -89,6 +90,9 @@ def pack(flat: list[Any]) -> bytes:
     except ValueError:  # an enum, a Message or another non-builtin value somewhere
         clean: list[Any] = []
         for kind, wall, mono, fields in items_of(flat):
+            if type(fields) is tuple:
+                clean += (str(kind), wall, mono, plain_positional(str(kind), fields))
+                continue
             msg = fields.pop("message", None)
             plain = {str(n): _plain_value(v) for n, v in fields.items()}
             if msg is not None:

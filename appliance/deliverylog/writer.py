@@ -21,6 +21,7 @@ from typing import Any
 
 from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
+from .positional import fields_of, publisher_seq
 from .schema import EMIT_FIELDS, KINDS, SCHEMA_VERSION
 from .segments import (
     FORMATS,
@@ -37,7 +38,8 @@ from .segments import (
     write_all,
 )
 
-Item = tuple[str, int, int, dict[str, Any]]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fields (taken at emit time)
+# kind, wall clock ns, CLOCK_MONOTONIC ns, fields (taken at emit time): a dict, or a positional.LAYOUTS tuple
+Item = tuple[str, int, int, Any]
 ITEM_LEN = 4  # entries per event in a flat batch [kind, wall, mono, fields, kind, ...]
 
 COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
@@ -275,7 +277,10 @@ class SegmentWriter:
         col_walls: list[int] = []
         col_monos: list[int] = []
         col_fields: list[dict[str, Any]] = []
+        seq_property = self.seq_property
         for kind, wall, mono, fields in items:
+            if type(fields) is tuple:  # a positional hot event (DeliveryLog.received, .routed, ...)
+                fields = fields_of(kind, fields, seq_property)
             k = kinds.get(kind) or dumps(str(kind))
             tail = "}"
             if fields:
@@ -324,15 +329,9 @@ class SegmentWriter:
         fields.setdefault("retain", retain)
         fields.setdefault("payload_size", size)
         if "publisher_seq" not in fields:
-            for key, value in user_properties:
-                if key == self.seq_property:
-                    try:
-                        seq = int(value)
-                    except ValueError:
-                        break
-                    if -(2**63) <= seq < 2**63:
-                        fields["publisher_seq"] = seq
-                    break
+            seq = publisher_seq(user_properties, self.seq_property)
+            if seq is not None:
+                fields["publisher_seq"] = seq
 
     def _open(self) -> _Open:
         """Start a new `.part` segment named after its first event counter."""

@@ -287,3 +287,43 @@ def test_queued_events_keep_no_broker_object_alive(make_log, tmp_path):
     received, delivered = _raw(tmp_path / "log")
     assert (received["msg_id"], received["publisher_seq"], received["payload_size"]) == ("n1:90", 7, 2)
     assert (delivered["msg_id"], delivered["subscriber"], "topic" in delivered) == ("n1:90", "s", False)
+
+
+def _without_stamps(records):
+    return [{k: v for k, v in r.items() if k not in ("event_id", "ts_wall_us", "ts_mono_us")} for r in records]
+
+
+def test_positional_events_write_the_records_emit_writes(make_log, tmp_path):
+    from appliance.broker.model import Message
+    from appliance.protocol.packets import Properties
+    from appliance.protocol.reason_codes import ReasonCode
+
+    props = Properties(user_properties=[("other", "x"), ("n", "-12")])
+    message = Message("n1:5", "plant/t", b"0123", 1, False, "pub-9", time.time(), properties=props)
+    anonymous = Message("n1:6", "plant/u", b"", 0, True, "", time.time())
+    fast = make_log(directory=tmp_path / "fast", seq_property="n", strict=True)
+    slow = make_log(directory=tmp_path / "slow", seq_property="n", node="n1b")
+    for m in (message, anonymous):
+        fast.received(m, 4 if m.qos else None)
+        slow.emit("received", message=m, publisher_packet_id=4 if m.qos else None)
+        fast.committed(m)
+        slow.emit("committed", message=m)
+        fast.routed(m, "s", "plant/#", m.qos)
+        slow.emit("routed", message=m, subscriber="s", filter="plant/#", qos=m.qos)
+        fast.delivered(m, "s", m.qos, True, 2)
+        slow.emit("delivered", message=m, subscriber="s", qos=m.qos, dup=True, attempt=2)
+        fast.acked(m, "s", m.qos)
+        slow.emit("acked", message=m, subscriber="s", qos=m.qos)
+    fast.close()
+    slow.close()
+    got = _without_stamps(_raw(tmp_path / "fast"))
+    want = [{**r, "node": "n1"} for r in _without_stamps(_raw(tmp_path / "slow"))]
+    assert got == want and len(got) == 10
+    assert got[0]["publisher_seq"] == -12 and "publisher" not in got[5] and "publisher_seq" not in got[5]
+    with pytest.raises(ValueError, match="routed: field 'qos' must be"):
+        make_log(directory=tmp_path / "strict", strict=True).routed(message, "s", "f", "1")
+    odd = make_log(directory=tmp_path / "odd")  # an IntEnum value is written as its number
+    odd.routed(message, "s", "plant/#", ReasonCode.GRANTED_QOS_1)
+    odd.close()
+    (routed,) = _raw(tmp_path / "odd")
+    assert routed["qos"] == 1 and type(routed["qos"]) is int
