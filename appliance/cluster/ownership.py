@@ -31,6 +31,7 @@ OP_QOS2_DEL = 8
 OP_STRANDED_ADD = 9  # a message of this publisher acknowledged while its target node was unreachable (issue 4)
 OP_STRANDED_DEL = 10  # the target node acknowledged it
 OP_REMOVE_MANY = 11  # OP_REMOVE of several deliveries (the releases of one loop iteration)
+OP_ENQUEUE_MANY = 12  # OP_ENQUEUE of several deliveries (the enqueues of one loop iteration), in order
 
 
 @dataclass(slots=True)
@@ -159,6 +160,7 @@ class ReplicaCopy:
     qos2: set[int] = field(default_factory=set)
     version: int = 0  # operations applied, to pick the freshest copy
     last: int | None = field(default=None, compare=False)  # seq of the delivery the last OP_ENQUEUE added
+    added: list[int] = field(default_factory=list, compare=False)  # seqs the last OP_ENQUEUE_MANY added
     # ids of the messages the owner queued lately, acknowledged ones included (in memory only): a session resumed
     # from this copy drops a retargeted forward it already had
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict, compare=False)
@@ -324,6 +326,33 @@ def decode_uints(data: bytes) -> list[int]:
     return [r.uint() for _ in range(r.uint())]
 
 
+def _enqueue_raw(copy: ReplicaCopy, data: bytes) -> int:
+    """Add one encoded delivery to a copy; return its seq."""
+    r = _Reader(data)  # the replica stores the bytes; only a takeover decodes them
+    r.uint()  # format
+    seq = r.uint()
+    copy.note(r.text())  # the message id comes first in the encoded message
+    copy.queue[seq] = data
+    if seq >= copy.record.next_seq:
+        copy.record.next_seq = seq + 1  # the freshest copy has seen the latest enqueue
+    return seq
+
+
+def encode_raws(items: list[bytes]) -> bytes:
+    """OP_ENQUEUE_MANY data: encoded deliveries, in order."""
+    w = _Writer()
+    w.uint(len(items))
+    for item in items:
+        w.raw(item)
+    return bytes(w.out)
+
+
+def decode_raws(data: bytes) -> list[bytes]:
+    """Inverse of encode_raws."""
+    r = _Reader(data)
+    return [r.raw() for _ in range(r.uint())]
+
+
 def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> ReplicaCopy | None:
     """A replica applies one operation from `owner`; returns the new copy (None: dropped). Operations from a node
     that is not the copy's owner are ignored, except a snapshot / record with a newer epoch (a new owner)."""
@@ -345,13 +374,9 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
         return copy
     copy.version += 1
     if op == OP_ENQUEUE:
-        r = _Reader(data)  # the replica stores the bytes; only a takeover decodes them
-        r.uint()  # format
-        seq = r.uint()
-        copy.note(r.text())  # the message id comes first in the encoded message
-        copy.queue[seq] = data
-        copy.last = seq
-        copy.record.next_seq = max(copy.record.next_seq, seq + 1)  # the freshest copy has seen the latest enqueue
+        copy.last = _enqueue_raw(copy, data)
+    elif op == OP_ENQUEUE_MANY:
+        copy.added = [_enqueue_raw(copy, entry) for entry in decode_raws(data)]
     elif op == OP_UPDATE:
         seq, state, pid = decode_update(data)
         if seq in copy.queue:

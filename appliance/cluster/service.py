@@ -130,8 +130,10 @@ class ClusterService:
         self.discovery: Discovery | None = None
         # Held streams: Forward / Replicate frames to a held peer ("*": every peer) stay buffered, unsent, until
         # released (a QoS2 packet id not yet on its replica; a restarted node reconciling its durable forwards).
-        self._holds: dict[str, int] = {}
-        self._unsent: dict[tuple[str, str], int] = {}  # (peer, "f" / "r") -> first seq held back
+        self._barriers: dict[str, list[list[int]]] = {}  # peer -> holds in order: [token, first f seq, first r seq]
+        self._hold_seq = 0
+        self._hold_all = False
+        self._unsent: dict[tuple[str, str], int] = {}  # (peer, "f" / "r") -> first seq held back, not yet sent
         self._digest_parts: dict[tuple[str, str], list[tuple[str, VersionVector]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -234,8 +236,8 @@ class ClusterService:
         sender = _entry(self.senders, peer, ForwardSender)
         fwd = sender.submit(message, clients, on_acked)
         frame = encode(fwd)
-        if self.held(peer):
-            self._unsent.setdefault((peer, "f"), fwd.seq)
+        if self._barriers or self._hold_all:
+            self._defer_or_send(peer, "f", fwd, fwd.seq, frame)
         else:
             self.links.async_send_frame(peer, frame)
         return fwd, frame
@@ -258,55 +260,94 @@ class ClusterService:
         """Queue one operation for a replica (persist the returned Replicate), send it if the link is up."""
         sender = _entry(self.replica_senders, peer, ReplicaSender)
         rep = sender.submit(client_id, op, data, on_acked)
-        if self.held(peer):
-            self._unsent.setdefault((peer, "r"), rep.seq)
+        if self._barriers or self._hold_all:
+            self._defer_or_send(peer, "r", rep, rep.seq, None)
         else:
             self.links.async_send(peer, rep)
         return rep
 
     # -- held streams --------------------------------------------------------------------------------------------
-    def held(self, peer: str) -> bool:
-        """Whether the peer's Forward / Replicate frames are held back."""
-        holds = self._holds
-        return bool(holds) and bool(holds.get(peer) or holds.get("*"))
+    def _limit(self, peer: str, kind: str) -> int | None:
+        """The first seq of the peer's stream `kind` that must not leave yet (None: nothing is held)."""
+        if self._hold_all:
+            return 0
+        barriers = self._barriers.get(peer)
+        if not barriers:
+            return None
+        return barriers[0][1 if kind == "f" else 2]
 
-    def hold(self, peer: str) -> None:
-        """Hold back the peer's stream frames ("*": every peer's) until a matching release()."""
-        self._holds[peer] = self._holds.get(peer, 0) + 1
-        if peer == "*":
-            for other in self.links.up_peers():
-                for kind, stream in (("f", self.senders.get(other)), ("r", self.replica_senders.get(other))):
-                    if stream is not None:
-                        self._unsent.setdefault((other, kind), stream.next_seq)
+    def _defer_or_send(self, peer: str, kind: str, msg: ClusterMessage, seq: int, frame: bytes | None) -> None:
+        limit = self._limit(peer, kind) if (self._hold_all or self._barriers) else None
+        if limit is not None and seq >= limit:
+            key = (peer, kind)
+            first = self._unsent.get(key)
+            if first is None or seq < first:
+                self._unsent[key] = seq
+        elif frame is not None:
+            self.links.async_send_frame(peer, frame)
+        else:
+            self.links.async_send(peer, msg)
 
-    def release(self, peer: str) -> None:
-        """Undo one hold(); frames held back go out in order once nothing holds their peer."""
-        left = self._holds.get(peer, 0) - 1
-        if left > 0:
-            self._holds[peer] = left
-            return
-        self._holds.pop(peer, None)
-        # a peer's replica operations first: a snapshot that re-replicates a packet id precedes the held forwards
-        for other, kind in sorted((k for k in self._unsent if peer in ("*", k[0])), key=lambda k: (k[0], k[1] != "r")):
-            if self.held(other):
+    def hold(self, peer: str) -> int:
+        """Frames submitted to the peer from now on stay buffered until release(peer, token) of this and every
+        earlier hold of the peer (frames submitted before a hold are not held by it); return the token."""
+        self._hold_seq += 1
+        sender, rsender = self.senders.get(peer), self.replica_senders.get(peer)
+        self._barriers.setdefault(peer, []).append(
+            [self._hold_seq, sender.next_seq if sender else 0, rsender.next_seq if rsender else 0])
+        return self._hold_seq
+
+    def release(self, peer: str, token: int) -> None:
+        """Undo one hold(); frames no hold covers any more go out in order, a peer's replica operations first
+        (a snapshot that re-replicates a packet id precedes the forwards it held)."""
+        barriers = self._barriers.get(peer, [])
+        for i, barrier in enumerate(barriers):
+            if barrier[0] == token:
+                del barriers[i]
+                break
+        if not barriers:
+            self._barriers.pop(peer, None)
+        self._flush_held(peer)
+
+    def hold_all(self) -> None:
+        """Hold every stream (a restarted node reconciling its durable forwards)."""
+        self._hold_all = True
+
+    def release_all(self) -> None:
+        """End hold_all(); what no other hold covers goes out."""
+        self._hold_all = False
+        for peer in {p for p, _k in self._unsent}:
+            self._flush_held(peer)
+
+    def _flush_held(self, peer: str) -> None:
+        for kind in ("r", "f"):
+            key = (peer, kind)
+            first = self._unsent.get(key)
+            if first is None:
                 continue
-            first = self._unsent.pop((other, kind))
-            stream = self.senders.get(other) if kind == "f" else self.replica_senders.get(other)
-            if stream is None or not self.links.is_up(other):
-                continue  # the next link-up resends the whole buffer
+            stream = self.senders.get(peer) if kind == "f" else self.replica_senders.get(peer)
+            if stream is None or not self.links.is_up(peer):
+                del self._unsent[key]  # the next link-up resends the whole buffer
+                continue
+            limit = self._limit(peer, kind)
+            rest = None
             for msg in stream.resend():
-                if msg.seq >= first:
-                    self.links.async_send(other, msg)
+                if msg.seq < first:
+                    continue
+                if limit is not None and msg.seq >= limit:
+                    rest = msg.seq
+                    break
+                self.links.async_send(peer, msg)
+            if rest is None:
+                del self._unsent[key]
+            else:
+                self._unsent[key] = rest
 
     def _resend(self, peer: str, kind: str, msgs: list[Forward] | list[Replicate]) -> None:
-        """Link-up resend of one stream; frames from the first held-back one on wait for the release."""
-        if self.held(peer):
-            first = self._unsent.get((peer, kind))
-            if self._holds.get("*"):
-                first = self._unsent[(peer, kind)] = 0
-            msgs = [m for m in msgs if first is None or m.seq < first]  # type: ignore[assignment]
+        """Link-up resend of one stream; frames a hold covers wait for its release."""
+        self._unsent.pop((peer, kind), None)
         for msg in msgs:
-            self.links.async_send(peer, msg)
+            self._defer_or_send(peer, kind, msg, msg.seq, None)
 
     def replicate_committed(self, peer: str, seq: int, status: int = 0, send: SendAck | None = None) -> None:
         """A received operation is committed (status 0) or refused: send the acks now due (through `send`)."""

@@ -92,7 +92,7 @@ class IngressGuard:
     def _init_ingress(self) -> None:
         self._mark = int(time.time() * 1_000_000)  # grows across restarts, like stream seqs
         self._q2_last: dict[str, int] = {}  # publisher -> mark of the packet id it just stored (for route_remote)
-        self._unconfirmed: dict[int, list[Any]] = {}  # mark -> [publisher, msg id, replicas left, held peers]
+        self._unconfirmed: dict[int, list[Any]] = {}  # mark -> [publisher, msg id, replicas left, (peer, hold)s]
         self._stranded: dict[str, dict[str, bytes]] = {}  # publisher -> key -> encoded Forward
         self._strand_keys: dict[tuple[str, int], tuple[str, str]] = {}  # (node, fwd seq) -> (publisher, key)
         self._restored_q2: dict[str, tuple[str, str]] = {}  # tag key -> (publisher, msg id)
@@ -113,9 +113,8 @@ class IngressGuard:
         links = self.svc.links
         waiting = {p for p in peers if links.is_up(p)}  # a replica down now gets the id with its next snapshot
         if waiting:
-            held = [p for p in self.svc.membership.all() if p != self.node_id and p not in peers]
-            for peer in held:
-                self.svc.hold(peer)
+            svc = self.svc
+            held = [(p, svc.hold(p)) for p in svc.membership.all() if p != self.node_id and p not in peers]
             self._unconfirmed[mark] = [cid, None, waiting, held]
         return encode_mark_op(mark, packet_id=decode_uint(data))
 
@@ -130,8 +129,8 @@ class IngressGuard:
         del self._unconfirmed[mark]
         if entry[1] is not None:
             self.inner.kv_delete(Q2_TAGS, f"{mark:020d}")
-        for held in entry[3]:
-            self.svc.release(held)
+        for held, token in entry[3]:
+            self.svc.release(held, token)
 
     def _tag_routed(self, message: Message) -> None:
         """route_remote: a QoS2 message whose packet id is not yet confirmed is tagged durably (same commit)."""
@@ -159,10 +158,9 @@ class IngressGuard:
                 continue
             self.assigned[cid] = new
             entry[2].update(new)
-            for replica in new:
-                if replica in entry[3]:
-                    entry[3].remove(replica)
-                    self.svc.release(replica)
+            for held, token in [h for h in entry[3] if h[0] in new]:
+                entry[3].remove((held, token))
+                self.svc.release(held, token)
             snapshot = self._snapshot(cid)
             for replica in new:
                 self._replicate(replica, cid, OP_SNAPSHOT, snapshot, False, mark)
@@ -252,7 +250,7 @@ class IngressGuard:
             node, seq = tag.rsplit("/", 1)
             self._strand_keys[(node, int(seq))] = (pub, key)
         if self._restored_q2 or self._restored_str:
-            self.svc.hold("*")
+            self.svc.hold_all()
             self._reconciled = asyncio.Event()
 
     async def async_reconcile(self) -> None:
@@ -307,7 +305,7 @@ class IngressGuard:
         purged = self._purge_local(drop_ids)
         self._restored_q2, self._restored_str = {}, {}
         self._reconciled.set()
-        self.svc.release("*")
+        self.svc.release_all()
         log.info("restart reconciled: %d forwards and %d queued copies dropped (their publishers' sessions moved)",
                  dropped, purged)
 

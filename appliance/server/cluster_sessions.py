@@ -16,6 +16,7 @@ from appliance.cluster.ownership import (
     MIGRATED,
     OP_DROP,
     OP_ENQUEUE,
+    OP_ENQUEUE_MANY,
     OP_QOS2_ADD,
     OP_QOS2_DEL,
     OP_REMOVE,
@@ -152,8 +153,9 @@ class SessionMigration:
         if not due:
             asyncio.get_running_loop().call_soon(self._flush_replica_commits)
         due[peer] = rep.seq
-        if rep.op == OP_ENQUEUE and changed and new is not None and new.last is not None and self.events is not None:
-            self._emit("replicated", message=new.delivery(new.last).message, subscriber=cid, peer_node=peer)
+        if self.events is not None and changed and new is not None and rep.op in (OP_ENQUEUE, OP_ENQUEUE_MANY):
+            for seq in new.added if rep.op == OP_ENQUEUE_MANY else [new.last] if new.last is not None else []:
+                self._emit("replicated", message=new.delivery(seq).message, subscriber=cid, peer_node=peer)
         if rep.op == OP_SNAPSHOT and new is not None:
             self._emit("replicated", subscriber=cid, peer_node=peer, reason="snapshot")
 
@@ -184,6 +186,9 @@ class SessionMigration:
         elif rep.op == OP_ENQUEUE:
             if copy.last is not None:
                 inner.kv_put(ns, _key(copy.last), rep.data)
+        elif rep.op == OP_ENQUEUE_MANY:
+            for seq in copy.added:
+                inner.kv_put(ns, _key(seq), copy.encoded(seq))
         elif rep.op == OP_UPDATE:
             seq = decode_update(rep.data)[0]
             if seq in copy.queue:

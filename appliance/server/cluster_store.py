@@ -34,7 +34,7 @@ Enqueued = Callable[[str, Delivery], None]
 IsQos2 = Callable[[str, int | None], bool]  # (client id, packet id): that outbound delivery is QoS2
 
 
-Wait = tuple[str, int, str]  # (peer, stream seq, stream kind "f" forward / "r" replica)
+Wait = tuple[str, int, str]  # (peer, stream seq or batch id, "f" forward / "r" replica / "b" batched replica writes)
 
 
 class _Gated:
@@ -80,12 +80,14 @@ class ClusterStore:
         self._open: dict[Wait, list[_Gated]] = {}  # outstanding wait -> the callbacks it gates
         self._unbound: dict[Wait, None] = {}  # waits registered since the last after_commit, in order
         self._capture: list[Wait] | None = None  # waits of the cluster-internal ack being prepared
+        self._bound_before: set[Wait] | None = None  # client-ack waits pending when the capture began
 
     # -- waits ---------------------------------------------------------------------------------------------------
     def add_wait(self, peer: str, seq: int, kind: str) -> None:
         """The next after_commit (and a capturing after_own_acks) waits for (peer, seq) of stream `kind`."""
         key = (peer, seq, kind)
-        self._open[key] = []
+        if key not in self._open:  # a batched replica write is one wait for several writes
+            self._open[key] = []
         self._unbound[key] = None
         if self._capture is not None:
             self._capture.append(key)
@@ -103,6 +105,7 @@ class ClusterStore:
     def begin_own_acks(self) -> None:
         """Start collecting the waits that the next after_own_acks callback must wait for."""
         self._capture = []
+        self._bound_before = set(self._unbound) if self._unbound else None
 
     def wait_done(self, peer: str, seq: int, kind: str) -> None:
         """A stream ack covered (peer, seq)."""
@@ -157,13 +160,15 @@ class ClusterStore:
     def after_own_acks(self, callback: Callable[..., Any], *args: Any) -> None:
         """For cluster-internal acks: wait for the local commit and the waits captured since begin_own_acks (even
         those a client ack also waits for), but not behind client acks (two nodes would wait on each other)."""
-        waits = [k for k in (self._capture or ()) if k in self._open]
+        waits = list(dict.fromkeys(k for k in (self._capture or ()) if k in self._open))
         self._capture = None
         if not waits:
             self.inner.after_commit(callback, *args)
             return
+        before = self._bound_before
         for key in waits:
-            self._unbound.pop(key, None)
+            if before is None or key not in before:  # a shared (batched) wait a client ack still needs stays
+                self._unbound.pop(key, None)
         self._gate(callback, args, waits, False)
 
     def _gate(self, callback: Callable[..., Any], args: tuple[Any, ...], waits: list[Wait], ordered: bool) -> None:

@@ -23,6 +23,8 @@ from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import (
     FRESH,
     OP_DROP,
+    OP_ENQUEUE,
+    OP_ENQUEUE_MANY,
     OP_QOS2_ADD,
     OP_REMOVE,
     OP_REMOVE_MANY,
@@ -35,6 +37,7 @@ from appliance.cluster.ownership import (
     decode_copy,
     decode_uint,
     encode_claim,
+    encode_raws,
     encode_snapshot,
     encode_uints,
     hands_over,
@@ -99,6 +102,8 @@ class ClusterWiring(SessionMigration, IngressGuard):
         self._fwd_waiters: dict[str, OnAcked] = {}  # peer -> the callback of its forward acks (one per peer)
         self._rep_waiters: dict[str, OnAcked] = {}  # peer -> the callback of its replica acks
         self._removes: dict[str, list[int]] = {}  # session -> delivery seqs released this loop iteration
+        self._enqueues: dict[str, tuple[list[str], int, list[bytes]]] = {}  # session -> (replicas, batch id, writes)
+        self._batch_id = 0
         self._reconcile_task: asyncio.Task[None] | None = None
         host, port = parse_hostport(c["bind"], "cluster.bind")
         tcp = config.get("listener", "tcp")
@@ -504,6 +509,7 @@ class ClusterWiring(SessionMigration, IngressGuard):
                 self._strand_in_flight(peer)
                 self.store.peer_down(peer, "f")
             self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once
+            self.store.peer_down(peer, "b")
             for request_id, (future, asked, _clean) in list(self._requests.items()):
                 if asked == peer and not future.done():
                     future.set_result(None)
@@ -524,13 +530,18 @@ class ClusterWiring(SessionMigration, IngressGuard):
         return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2],
                                *self.snapshot_extras(cid))
 
-    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, mark: int = 0) -> int:
-        """Send one replica operation (a mark: its ack confirms that QoS2 packet id); return its stream seq."""
+    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, mark: int = 0,
+                   waiter: OnAcked | None = None) -> int:
+        """Send one replica operation (a mark: its ack confirms that QoS2 packet id); return its stream seq. The
+        session's batched enqueues go first."""
+        if self._enqueues and op != OP_ENQUEUE_MANY and cid in self._enqueues:
+            self._flush_enqueues_of(cid)
         svc = self.svc
         if peer not in svc.replica_senders:
             svc.replica_senders[peer] = ReplicaSender(peer, next_seq=self._seq_base)
         store = self.store
-        waiter = self._rep_waiters.get(peer)
+        if waiter is None:
+            waiter = self._rep_waiters.get(peer)
         if waiter is None:
             waiter = self._rep_waiters[peer] = lambda seq, _st: store.wait_done(peer, seq, "r")
         if mark:
@@ -581,8 +592,42 @@ class ClusterWiring(SessionMigration, IngressGuard):
         elif op == OP_QOS2_ADD and peers:
             data = self._qos2_added(cid, data, peers)
             mark = self._q2_last[cid]
+        elif op == OP_ENQUEUE and peers:
+            self._batch_enqueue(cid, peers, data, acked)
+            return
         for peer in peers:
             self._replicate(peer, cid, op, data, acked, mark)
+
+    def _batch_enqueue(self, cid: str, peers: list[str], data: bytes, acked: bool) -> None:
+        """A session's enqueues of one loop iteration go to its replicas as one operation (one wait per replica,
+        shared by every ack that needs them); any other write of the session sends them first."""
+        batches = self._enqueues
+        batch = batches.get(cid)
+        if batch is None:
+            if not batches:
+                asyncio.get_running_loop().call_soon(self._flush_enqueues)
+            self._batch_id += 1
+            batch = batches[cid] = (list(peers), self._batch_id, [])
+        batch[2].append(data)
+        if acked:
+            links = self.svc.links
+            for peer in batch[0]:
+                if links.is_up(peer):
+                    self.store.add_wait(peer, batch[1], "b")
+
+    def _flush_enqueues(self) -> None:
+        for cid in list(self._enqueues):
+            self._flush_enqueues_of(cid)
+
+    def _flush_enqueues_of(self, cid: str) -> None:
+        peers, batch_id, items = self._enqueues.pop(cid)
+        data = encode_raws(items)
+        for peer in peers:
+            self._replicate(peer, cid, OP_ENQUEUE_MANY, data, False, waiter=self._batch_waiter(peer, batch_id))
+
+    def _batch_waiter(self, peer: str, batch_id: int) -> OnAcked:
+        store = self.store
+        return lambda _seq, _status: store.wait_done(peer, batch_id, "b")
 
     def _flush_removes(self) -> None:
         removes, self._removes = self._removes, {}
