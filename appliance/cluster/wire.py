@@ -111,27 +111,27 @@ class _Reader:
         return float(_F64.unpack(self.take(8))[0])
 
 
-_ENCODED: dict[str, tuple[Message, bytes]] = {}  # msg id -> (message, its encoding): recent messages, by identity
 _ENCODED_MAX = 4096
+_encoded: dict[str, tuple[Message, bytes]] = {}  # msg id -> (decoded message, its encoding): the newest received
+_encoded_old: dict[str, tuple[Message, bytes]] = {}  # the generation before
 
 
 def _remember_encoding(m: Message, data: bytes) -> None:
-    """Keep a message's encoding: a forwarded message is encoded again for its replica (OP_ENQUEUE)."""
-    cache = _ENCODED
-    if len(cache) >= _ENCODED_MAX:
-        del cache[next(iter(cache))]
-    cache[m.msg_id] = (m, data)
+    """Keep a received message's encoding: a forwarded message is encoded again for its replica (OP_ENQUEUE)."""
+    global _encoded, _encoded_old
+    if len(_encoded) >= _ENCODED_MAX:
+        _encoded_old, _encoded = _encoded, {}
+    _encoded[m.msg_id] = (m, data)
 
 
 def encode_message(w: _Writer, m: Message) -> None:
     """Write a broker Message (publication properties in their MQTT 5 encoding)."""
-    cached = _ENCODED.get(m.msg_id)
+    msg_id = m.msg_id
+    cached = _encoded.get(msg_id) or _encoded_old.get(msg_id)
     if cached is not None and cached[0] is m:
         w.out += cached[1]
         return
-    start = len(w.out)
     _encode_message(w, m)
-    _remember_encoding(m, bytes(w.out[start:]))
 
 
 def _encode_message(w: _Writer, m: Message) -> None:
