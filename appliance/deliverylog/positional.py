@@ -28,17 +28,34 @@ def publisher_seq(user_properties: Any, name: str) -> int | None:
     return None
 
 
-def fields_of(kind: str, values: tuple[Any, ...], seq_property: str) -> dict[str, Any]:
-    """The schema fields of a positional event (None values and the empty publisher left out)."""
-    layout = LAYOUTS[kind]
-    fields = {name: value for name, value in zip(layout, values, strict=True) if name and value is not None}
-    if kind == "received":
-        if not fields.get("publisher"):
-            fields.pop("publisher", None)
-        seq = publisher_seq(values[USER], seq_property)
+def _received(v: tuple[Any, ...], seq_property: str) -> dict[str, Any]:
+    fields = {"msg_id": v[0], "topic": v[2], "qos": v[3], "retain": v[4], "payload_size": v[5]}
+    if v[1]:
+        fields["publisher"] = v[1]
+    if v[7] is not None:
+        fields["publisher_packet_id"] = v[7]
+    if v[USER]:
+        seq = publisher_seq(v[USER], seq_property)
         if seq is not None:
             fields["publisher_seq"] = seq
     return fields
+
+
+# kind -> (values, seq property) -> fields; one literal dict per kind (these values are never None)
+_BUILD: dict[str, Any] = {
+    "received": _received,
+    "committed": lambda v, _s: {"msg_id": v[0]},
+    "routed": lambda v, _s: {"msg_id": v[0], "subscriber": v[1], "filter": v[2], "qos": v[3]},
+    "delivered": lambda v, _s: {"msg_id": v[0], "subscriber": v[1], "qos": v[2], "dup": v[3], "attempt": v[4]},
+    "acked": lambda v, _s: {"msg_id": v[0], "subscriber": v[1], "qos": v[2]},
+}
+
+
+def fields_of(kind: str, values: tuple[Any, ...], seq_property: str) -> dict[str, Any]:
+    """The schema fields of a positional event (an empty publisher and absent values left out)."""
+    if len(values) != len(LAYOUTS[kind]):
+        raise ValueError(f"{kind}: {len(values)} values for a layout of {len(LAYOUTS[kind])}")
+    return _BUILD[kind](values, seq_property)
 
 
 def plain(kind: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
