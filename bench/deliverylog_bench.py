@@ -181,7 +181,20 @@ def _cpu_seconds(pid: int) -> tuple[float, float]:
     return own(pid), tree(pid)
 
 
-def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str) -> tuple[float, int, int, float, float]:
+def _children(pid: int) -> list[int]:
+    """Child process ids of every thread of `pid`."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
+def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
+                  writer_cpu: str = "broker") -> tuple[float, int, int, float, float]:
     """One qos1 loadgen run against a fresh broker.
 
     Returns (delivered msg/s, delivered, log bytes, broker CPU s, broker + writer child CPU s) with CPU counted
@@ -214,6 +227,10 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str) -> tup
                     raise RuntimeError("broker did not start") from None
                 time.sleep(0.05)
         time.sleep(0.5)  # let the writer child finish starting
+        if writer_cpu == "other":  # as on a multi-core device: the writer child is not confined to the broker's core
+            for child in _children(broker.pid):
+                subprocess.run(["taskset", "-a", "-p", "-c", LOADGEN_CPU, str(child)], check=True,
+                               stdout=subprocess.DEVNULL)
         cpu0 = _cpu_seconds(broker.pid)
         out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", "qos1", "--port", str(port),
                                                   "--duration", str(duration), "--max-messages", "2000000"]),
@@ -239,7 +256,7 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str) -> tup
             (cpu1[1] - cpu0[1]) / delivered)
 
 
-def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ...]) -> None:
+def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ...], writer_cpu: str = "broker") -> None:
     """Our broker's QoS1 delivered rate and CPU per message, logging off and on in each format, interleaved."""
     import statistics
 
@@ -248,7 +265,8 @@ def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ..
     per_msg: dict[str, list[float]] = {f: [] for f in formats}
     for r in range(rounds):
         for fmt in configs[r % len(configs):] + configs[: r % len(configs)]:  # rotate the order each round
-            rate, delivered, size, cpu_broker, cpu_tree = _broker_round(fmt is not None, duration, mode, fmt or "")
+            rate, delivered, size, cpu_broker, cpu_tree = _broker_round(fmt is not None, duration, mode, fmt or "",
+                                                                        writer_cpu)
             runs[fmt].append((rate, cpu_broker, cpu_tree))
             if fmt is not None:
                 per_msg[fmt].append(size / max(delivered, 1))
@@ -257,7 +275,8 @@ def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ..
         return statistics.median(row[i] for row in rows)
 
     off = runs[None]
-    print(f"[writer in a {mode}, {rounds} rounds of {duration:.0f} s] logging off: {med(off, 0):.0f} msg/s "
+    where = "the broker's core" if writer_cpu == "broker" else "the load generator's core"
+    print(f"[writer in a {mode} on {where}, {rounds} rounds of {duration:.0f} s] logging off: {med(off, 0):.0f} msg/s "
           f"{sorted(round(x[0]) for x in off)}, broker CPU {med(off, 1) * 1e6:.1f} µs/message")
     for fmt in formats:
         on = runs[fmt]
@@ -281,10 +300,12 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--mode", choices=["process", "thread"], default="process", help="where the writer runs")
     ap.add_argument("--format", choices=[*FORMATS, "both"], default="both", help="closed segment format")
+    ap.add_argument("--writer-cpu", choices=["broker", "other"], default="broker",
+                    help="writer child pinned with the broker (one core, the worst case) or moved to the other core")
     args = ap.parse_args()
     formats = FORMATS if args.format == "both" else (args.format,)
     if args.broker_rounds:
-        broker_ratio(args.broker_rounds, args.duration, args.mode, formats)
+        broker_ratio(args.broker_rounds, args.duration, args.mode, formats, args.writer_cpu)
         return
     n = args.messages
     print(f"NullEventSink: {null_cost(n):.2f} µs CPU per message (4 emits)")
