@@ -116,37 +116,6 @@ def elide(ops: list[Op]) -> tuple[list[Op], int]:
     return keep, dropped
 
 
-def settle_ahead(held: list[Op], ahead: list[Op]) -> tuple[list[Op], int]:
-    """Drop held enqueue/update ops of rows that a REMOVE in `ahead` (the next batch) deletes; return (held, dropped).
-
-    Every REMOVE stays in `ahead` and runs with the next batch. A row that `ahead` enqueues again before removing it
-    is left alone, so committing `held` now and `ahead` next gives the same tables as running both in order; if the
-    node dies between the two commits, the rows missing from disk are exactly queue entries already acknowledged.
-    """
-    gone: set[tuple[str, int]] = set()
-    again: set[tuple[str, int]] = set()
-    for op in ahead:
-        kind = op[0]
-        if kind == REMOVE_DELIVERY:
-            if op[1] not in again:
-                gone.add(op[1])
-        elif kind == ENQUEUE:
-            again.add((op[1][0], op[1][1]))
-    if not gone:
-        return held, 0
-    keep: list[Op] = []
-    dropped = 0
-    for op in held:
-        kind = op[0]
-        if (kind == ENQUEUE and (op[1][0], op[1][1]) in gone) or (
-            kind == UPDATE_DELIVERY and (op[1][2], op[1][3]) in gone
-        ):
-            dropped += 1
-            continue
-        keep.append(op)
-    return keep, dropped
-
-
 def coalesce(ops: list[Op]) -> tuple[list[Op], int]:
     """fold_updates then elide, each only when the batch holds the op kinds it works on; return (ops, ops saved)."""
     kinds = {op[0] for op in ops}

@@ -46,7 +46,6 @@ from .stats import CommitStats
 
 FatalHandler = Callable[[StoreError], Any]
 CHECKPOINT_EVERY_COMMITS = 64
-LOOKAHEAD_WAIT_S = 0.001  # an idle writer waits this long at most for the op after a lone batch (e.g. its PUBACK)
 WAL_SIZE_LIMIT = 64 * 2**20  # bytes the WAL file is truncated to when it is reset
 
 
@@ -330,58 +329,28 @@ class SqliteStore:
 
     def _run(self, conn: sqlite3.Connection) -> None:
         try:
-            held: list[ops.Op] = []
             while True:
-                if not held:
-                    taken = self._take()
-                    if taken is None:
-                        return
-                    held = taken
-                    self._await_more(LOOKAHEAD_WAIT_S)
-                # What arrived since `held` was taken is looked at, not written: a queue entry it removes (a
-                # subscriber's PUBACK) is never written. It is written with the next batch, so each op waits one
-                # more commit, or for the next op (at most LOOKAHEAD_WAIT_S) when the writer was idle.
-                ahead = self._take_ready()
-                if not self._commit(conn, held, ahead):
+                taken = self._take()
+                if taken is None:
                     return
-                held = ahead
+                if not self._commit(conn, taken):
+                    return
         finally:
             conn.close()
 
-    def _await_more(self, timeout: float) -> None:
-        """Wait until another op is pending, the store is stopping, or `timeout` seconds passed."""
-        if self._pending or self._stopping:
-            return
-        self._wake.clear()
-        self._writer_idle = True
-        if not (self._pending or self._stopping):
-            self._wake.wait(timeout)
-        self._writer_idle = False
-
-    def _take_ready(self) -> list[ops.Op]:
-        """Take what is pending now (at most batch_max ops) without waiting."""
-        pending = self._pending
-        popleft = pending.popleft
-        return [popleft() for _ in range(min(len(pending), self._batch_max))]
-
-    def _commit(self, conn: sqlite3.Connection, taken: list[ops.Op], ahead: list[ops.Op]) -> bool:
-        """Write one batch (minus rows `ahead` removes) and release its callbacks; on failure go fatal, return False."""
+    def _commit(self, conn: sqlite3.Connection, taken: list[ops.Op]) -> bool:
+        """Write one batch and release its callbacks; on failure go fatal and return False."""
         callbacks, writes = ops.split(taken)
         if writes:
             started = time.monotonic()
-            written = len(writes)
             try:
                 conn.execute("BEGIN")
-                settled = 0
-                if ahead:
-                    writes, settled = ops.settle_ahead(writes, ahead)
                 _executed, elided = ops.apply(conn, writes)
-                elided += settled
                 conn.execute("COMMIT")
             except Exception as exc:  # sqlite3.Error (disk full, I/O error) or a bad value from the broker
                 self._fail(conn, exc)
                 return False
-            self._stats.record(written, elided, len(callbacks), started, time.monotonic())
+            self._stats.record(len(writes), elided, len(callbacks), started, time.monotonic())
         else:
             self._stats.record_callbacks_only(len(callbacks))
         if callbacks:

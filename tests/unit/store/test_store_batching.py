@@ -11,7 +11,6 @@ from storehelpers import delivery, flush, message, options, session
 
 from appliance.broker.model import DeliveryState
 from appliance.store import SqliteStore
-from appliance.store import batch as ops
 
 
 def one_batch(store: SqliteStore) -> None:
@@ -173,63 +172,3 @@ def test_random_ops_match_a_dict_model(op_list, batch_max):
         assert snap.sessions[c].next_seq == max(next_seq, highest + 1)
     got_subs = {(c, f): o.qos for c, rec in snap.sessions.items() for f, o in rec.subscriptions.items()}
     assert got_subs == {k: v for k, v in model["subs"].items() if k[0] in model["sessions"]}
-
-
-# -- settle_ahead: a batch committed without the rows the next batch removes -------------------------------------
-
-settle_op = st.one_of(
-    st.tuples(st.just(ops.ENQUEUE), st.sampled_from(CLIENTS), st.integers(1, 5), st.integers(0, 3)),
-    st.tuples(st.just(ops.UPDATE_DELIVERY), st.sampled_from(CLIENTS), st.integers(1, 5), st.integers(0, 2)),
-    st.tuples(st.just(ops.REMOVE_DELIVERY), st.sampled_from(CLIENTS), st.integers(1, 5)),
-    st.tuples(st.just(ops.DELETE_SESSION), st.sampled_from(CLIENTS)),
-)
-
-
-def _op(spec: tuple) -> ops.Op:
-    kind = spec[0]
-    if kind == ops.ENQUEUE:
-        return (kind, (spec[1], spec[2], f"m{spec[3]}", 1, False, None, None, 0, 0))
-    if kind == ops.UPDATE_DELIVERY:
-        return (kind, (spec[3], spec[2] + 100, spec[1], spec[2]))
-    if kind == ops.REMOVE_DELIVERY:
-        return (kind, (spec[1], spec[2]))
-    return (kind, spec[1])
-
-
-def _queue_after(batch: list[ops.Op], start: dict | None = None) -> dict:
-    """The queue table (client, seq) -> (message, state, packet id) after running `batch` in order."""
-    table = dict(start or {})
-    for kind, p in batch:
-        if kind == ops.ENQUEUE:
-            table[(p[0], p[1])] = (p[2], p[7], p[6])
-        elif kind == ops.UPDATE_DELIVERY and (p[2], p[3]) in table:
-            table[(p[2], p[3])] = (table[(p[2], p[3])][0], p[0], p[1])
-        elif kind == ops.REMOVE_DELIVERY:
-            table.pop(p, None)
-        elif kind == ops.DELETE_SESSION:
-            table = {k: v for k, v in table.items() if k[0] != p}
-    return table
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(settle_op, max_size=25), st.lists(settle_op, max_size=25),
-       st.dictionaries(st.tuples(st.sampled_from(CLIENTS), st.integers(1, 5)), st.just(("disk", 0, None))))
-def test_settle_ahead_commits_what_running_both_batches_would_leave(held_specs, ahead_specs, on_disk):
-    held, ahead = [_op(s) for s in held_specs], [_op(s) for s in ahead_specs]
-    settled, dropped = ops.settle_ahead(held, ahead)
-    assert dropped == len(held) - len(settled)
-    # Both commits together leave exactly what running every op in order leaves.
-    assert _queue_after(ahead, _queue_after(settled, on_disk)) == _queue_after(ahead, _queue_after(held, on_disk))
-    # A crash between the commits: the disk lacks only rows that the next batch removes (acknowledged entries).
-    crash, full = _queue_after(settled, on_disk), _queue_after(held, on_disk)
-    missing = {k for k in full if crash.get(k) != full[k]}
-    assert missing <= {p for kind, p in ahead if kind == ops.REMOVE_DELIVERY}
-    assert set(crash) <= set(full)
-
-
-def test_settle_ahead_never_drops_a_row_the_next_batch_writes_again():
-    held = [_op((ops.ENQUEUE, "a", 1, 0))]
-    ahead = [_op((ops.ENQUEUE, "a", 1, 1)), _op((ops.REMOVE_DELIVERY, "a", 1))]
-    assert ops.settle_ahead(held, ahead) == (held, 0)
-    ahead = [_op((ops.REMOVE_DELIVERY, "a", 1)), _op((ops.ENQUEUE, "a", 1, 1))]
-    assert ops.settle_ahead(held, ahead) == ([], 1)
