@@ -172,9 +172,43 @@ def split(ops: list[Op]) -> tuple[list[tuple[Callable[..., Any], tuple[Any, ...]
     return callbacks, writes
 
 
+_DELETE_RANGE = "DELETE FROM queue WHERE client_id = ? AND seq BETWEEN ? AND ?"
+
+
+def remove_rows(conn: sqlite3.Connection, keys: list[tuple[str, int]]) -> None:
+    """Delete queue rows (client_id, seq): one range delete per run of consecutive seqs of a client."""
+    by_client: dict[str, list[int]] = {}
+    for client_id, seq in keys:
+        seqs = by_client.get(client_id)
+        if seqs is None:
+            by_client[client_id] = [seq]
+        else:
+            seqs.append(seq)
+    ranges: list[tuple[str, int, int]] = []
+    for client_id, seqs in by_client.items():
+        seqs.sort()
+        lo = hi = seqs[0]
+        for seq in seqs[1:]:
+            if seq > hi + 1:
+                ranges.append((client_id, lo, hi))
+                lo = seq
+            hi = seq
+        ranges.append((client_id, lo, hi))
+    conn.executemany(_DELETE_RANGE, ranges)
+
+
 def apply(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, int]:
-    """Run `writes` inside the caller's transaction in call order; return (ops executed, ops saved by coalescing)."""
+    """Run `writes` inside the caller's transaction; return (ops executed, ops saved by coalescing).
+
+    After coalescing no insert or update of a row precedes its removal, so every removal runs first (deletes
+    commute), as range deletes; the rest run in call order, one executemany per run of one kind.
+    """
     writes, dropped = coalesce(writes)
+    executed = len(writes)
+    keys = [op[1] for op in writes if op[0] == REMOVE_DELIVERY]
+    if keys:
+        remove_rows(conn, keys)
+        writes = [op for op in writes if op[0] != REMOVE_DELIVERY]
     cache: dict[int, MessageRow] = {}
     i = 0
     n = len(writes)
@@ -187,4 +221,4 @@ def apply(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, int]:
         for sql in _SQL[kind]:
             conn.executemany(sql, params)
         i = j
-    return n, dropped
+    return executed, dropped

@@ -172,3 +172,26 @@ def test_random_ops_match_a_dict_model(op_list, batch_max):
         assert snap.sessions[c].next_seq == max(next_seq, highest + 1)
     got_subs = {(c, f): o.qos for c, rec in snap.sessions.items() for f, o in rec.subscriptions.items()}
     assert got_subs == {k: v for k, v in model["subs"].items() if k[0] in model["sessions"]}
+
+
+def test_removals_run_first_as_range_deletes_and_leave_the_right_rows(make_store):
+    store = make_store()
+    store.start()
+    for seq in range(1, 13):
+        store.enqueue("c", delivery(seq, message(f"m{seq}")))
+        store.enqueue("d", delivery(seq, message(f"d{seq}")))
+    flush(store)
+    store.close()
+    store = make_store()
+    for seq in (3, 4, 5, 9, 1, 11, 12):  # acks out of order: runs 1, 3-5, 9, 11-12
+        store.remove_delivery("c", seq)
+    store.remove_delivery("d", 7)
+    store.enqueue("c", delivery(4, message("again")))  # removed, then written again in the same batch
+    store.enqueue("c", delivery(13, message("m13")))
+    store.remove_delivery("c", 13)  # written and removed in one batch: never written
+    one_batch(store)
+    store.close()
+    queues = SqliteStore(store.path).load().queues
+    assert [(d.seq, d.message.msg_id) for d in queues["c"]] == [
+        (2, "m2"), (4, "again"), (6, "m6"), (7, "m7"), (8, "m8"), (10, "m10")]
+    assert [d.seq for d in queues["d"]] == [s for s in range(1, 13) if s != 7]
