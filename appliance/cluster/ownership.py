@@ -120,20 +120,17 @@ def extend_marks(marks: dict[str, int], node: str, mark: int) -> dict[str, int]:
     return out
 
 
-def keeps_forward(claim: SessionClaim | None, node: str, mark: int, stranded: bool) -> bool:
-    """Whether `node`, restarted, still sends its durable forwards of a message that its publisher's session
-    (now `claim`) published there under ingress `mark`. Always while `node` still owns the session. Else a stranded
-    one (acknowledged while its target was unreachable) only if no session resumed from `node`'s copy (the resumer
-    passed it on); an unconfirmed QoS2 one only if the session continues `node`'s state and that state knew its
-    packet id (then the publisher's resend is acknowledged, not routed; otherwise it is routed as new there)."""
+def keeps_forward(claim: SessionClaim | None, node: str, stranded: bool) -> bool:
+    """Whether `node`, restarted, still sends its durable forwards (and keeps its queued copies) of a message that
+    its publisher's session (now `claim`) had pending there: always while `node` still owns the session, never once
+    a session resumed from `node`'s copy took the pending messages over. Otherwise a stranded one (acknowledged) is
+    kept; an unacknowledged QoS2 one only if `node` handed the session over alive (the packet id went with it, so
+    the publisher's resend is acknowledged, not routed again)."""
     if claim is None or claim.owner == node:
         return True
-    known = claim.marks.get(node)
-    if stranded:
-        return known is None
-    if node not in claim.bases:
+    if node in claim.marks:
         return False
-    return known is None or known >= mark
+    return stranded or node in claim.bases
 
 
 def hands_over(claim: SessionClaim, loser: str, seq: int) -> bool:
@@ -237,7 +234,8 @@ def decode_snapshot_full(data: bytes) -> tuple[float, SessionRecord, list[Delive
 
 
 def encode_mark_op(mark: int, key: str = "", entry: bytes = b"", packet_id: int = 0) -> bytes:
-    """OP_QOS2_ADD data (packet id, mark) or OP_STRANDED_ADD data (mark, key, encoded Forward)."""
+    """OP_QOS2_ADD data (packet id, mark, optionally the message as an encoded Forward: pending under the key
+    f"{mark:020d}/") or OP_STRANDED_ADD data (mark, key, encoded Forward)."""
     w = _Writer()
     if key:
         w.uint(mark)
@@ -246,14 +244,17 @@ def encode_mark_op(mark: int, key: str = "", entry: bytes = b"", packet_id: int 
     else:
         w.uint(packet_id)
         w.uint(mark)
+        if entry:
+            w.raw(entry)
     return bytes(w.out)
 
 
-def decode_qos2_add(data: bytes) -> tuple[int, int]:
-    """OP_QOS2_ADD data -> (packet id, mark); an op without a mark has mark 0."""
+def decode_qos2_add(data: bytes) -> tuple[int, int, bytes]:
+    """OP_QOS2_ADD data -> (packet id, mark, encoded Forward or b""); an op without a mark has mark 0."""
     r = _Reader(data)
     pid = r.uint()
-    return pid, (r.uint() if r.pos < len(data) else 0)
+    mark = r.uint() if r.pos < len(data) else 0
+    return pid, mark, (r.raw() if r.pos < len(data) else b"")
 
 
 def encode_handover(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int],
@@ -388,9 +389,11 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
         for seq in decode_uints(data):
             copy.queue.pop(seq, None)
     elif op == OP_QOS2_ADD:
-        pid, mark = decode_qos2_add(data)
+        pid, mark, entry = decode_qos2_add(data)
         copy.qos2.add(pid)
         copy.mark = max(copy.mark, mark)
+        if entry:
+            copy.stranded[f"{mark:020d}/"] = entry
     elif op == OP_QOS2_DEL:
         copy.qos2.discard(decode_uint(data))
     elif op == OP_STRANDED_ADD:

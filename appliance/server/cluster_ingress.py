@@ -1,18 +1,18 @@
 """Publisher-side guarantees across a node's death: QoS2 ingress exactly once, and per-publisher order for messages
 acknowledged while their target node was unreachable (issue 4).
 
-QoS2: each incoming packet id of a replicated publisher session carries an ingress mark (a per-node counter that
-grows across restarts) to the session's replicas. Until they acknowledge it, nothing the message caused leaves for
-any other node (the node's Forward / Replicate streams to them are held), and the message is tagged durably
-(`q2u`). A node restarted with tags holds all its streams until it has learnt the current claims, then keeps the
-forwards and queued copies of a tagged message only where the publisher's session continues its state and that
-state knew the packet id (`ownership.keeps_forward`); elsewhere the publisher's resend is routed as new, so the
-restarted node's copies go.
-
-Stranded: a message forwarded while its target node is unreachable (or in flight when the target went down) is
-also written to the publisher session's replicas (OP_STRANDED_ADD, before the PUBACK) until the target acknowledges
-it. A session resumed from such a copy passes those messages on before anything newer of the publisher; the
-restarted old owner drops its own copies of them (`str` tags).
+Both rest on the publisher session's replicas holding, besides the session, the messages of that publisher whose
+routing is not yet known to be complete ("pending", keyed by an ingress mark, a per-node counter that grows across
+restarts):
+- a QoS2 message, from its PUBLISH (the packet id and the message in one operation, before the PUBREC) until
+  everything it caused is acknowledged (then the PUBREC goes out and the entry is released);
+- a message forwarded while its target node was unreachable (or in flight when it went down), from then (before
+  the PUBACK) until that node acknowledges it.
+A session resumed from such a copy passes its pending messages on, in mark order, before anything newer of the
+publisher (receivers drop a copy they already had: same message id). The node that owned it keeps durable tags
+(`q2u`, `str`) of what it has pending; restarted, it holds all its streams until it has learnt the current claims,
+then drops its own forwards and queued copies of the messages that a session resumed from its copy has taken over
+(`ownership.keeps_forward`): they arrive once, in order.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.model import Message
+from appliance.cluster.forwarding import OnAcked
 from appliance.cluster.ownership import (
     OP_QOS2_ADD,
     OP_SESSION,
@@ -31,7 +32,6 @@ from appliance.cluster.ownership import (
     OP_STRANDED_DEL,
     ReplicaCopy,
     SessionClaim,
-    decode_uint,
     encode_mark_op,
     keeps_forward,
 )
@@ -89,11 +89,20 @@ class IngressGuard:
         """Forward a message to the owners of clients not here (ClusterWiring)."""
         raise NotImplementedError
 
+    def _targets(self, message: Message) -> dict[str, list[str]]:
+        """Remote node -> its sessions matching a message (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> None:
+        """Durably buffer and send one Forward (ClusterWiring)."""
+        raise NotImplementedError
+
     def _init_ingress(self) -> None:
         self._mark = int(time.time() * 1_000_000)  # grows across restarts, like stream seqs
-        self._q2_last: dict[str, int] = {}  # publisher -> mark of the packet id it just stored (for route_remote)
-        self._unconfirmed: dict[int, list[Any]] = {}  # mark -> [publisher, msg id, replicas left, (peer, hold)s]
-        self._stranded: dict[str, dict[str, bytes]] = {}  # publisher -> key -> encoded Forward
+        self._q2_stash: dict[str, tuple[int, list[tuple[str, int]]]] = {}  # publisher -> (packet id, holds)
+        self._unconfirmed: dict[int, list[Any]] = {}  # mark -> [publisher, replicas left, holds (peer, token)]
+        self._q2_settle: tuple[str, str] | None = None  # (publisher, pending key) of the QoS2 message being routed
+        self._stranded: dict[str, dict[str, bytes]] = {}  # publisher -> pending key -> encoded Forward
         self._strand_keys: dict[tuple[str, int], tuple[str, str]] = {}  # (node, fwd seq) -> (publisher, key)
         self._restored_q2: dict[str, tuple[str, str]] = {}  # tag key -> (publisher, msg id)
         self._restored_str: dict[str, tuple[str, str]] = {}  # tag key -> (publisher, stranded key)
@@ -105,65 +114,116 @@ class IngressGuard:
         return self._mark
 
     # -- QoS2 ingress ---------------------------------------------------------------------------------------------
-    def _qos2_added(self, cid: str, data: bytes, peers: list[str]) -> bytes:
-        """A publisher's packet id goes to its replicas with a mark; hold every other peer's stream until they
-        acknowledge it (a message is never seen elsewhere before the publisher's replicas know its packet id)."""
-        mark = self.next_mark()
-        self._q2_last[cid] = mark
-        links = self.svc.links
-        waiting = {p for p in peers if links.is_up(p)}  # a replica down now gets the id with its next snapshot
-        if waiting:
-            svc = self.svc
-            held = [(p, svc.hold(p)) for p in svc.membership.all() if p != self.node_id and p not in peers]
-            self._unconfirmed[mark] = [cid, None, waiting, held]
-        return encode_mark_op(mark, packet_id=decode_uint(data))
+    def _replicated(self, cid: str) -> list[str]:
+        """The replicas of a local persistent session (placed now if it has none yet); [] when not replicated."""
+        session = self.broker.sessions.get(cid) if self.broker is not None else None
+        if self.r < 2 or session is None or not session.persistent:
+            return []
+        if cid not in self.assigned:
+            self._session_op(cid, OP_SESSION, b"", False)  # placement and a first snapshot
+        return self.assigned.get(cid, [])
 
-    def _qos2_acked(self, mark: int, peer: str) -> None:
-        """A replica acknowledged (or lost) the packet id of `mark`; the last one confirms it."""
+    def _qos2_added(self, cid: str, pid: int) -> None:
+        """ClusterStore hook, a publisher's packet id is being stored: from now until its replicas acknowledge it
+        (with its message, sent by route_remote, which follows at once), nothing leaves for any other peer; a
+        left-over (adoption) goes alone at the end of the iteration."""
+        peers = self._replicated(cid)
+        links = self.svc.links
+        holds: list[tuple[str, int]] = []
+        if any(links.is_up(p) for p in peers):
+            svc = self.svc
+            holds = [(p, svc.hold(p)) for p in svc.membership.all() if p != self.node_id and p not in peers]
+        if not self._q2_stash:
+            asyncio.get_running_loop().call_soon(self._flush_q2_stash)
+        self._q2_stash[cid] = (pid, holds)
+
+    def _flush_q2_stash(self) -> None:
+        stash, self._q2_stash = self._q2_stash, {}
+        for cid, (pid, holds) in stash.items():
+            self._send_qos2(cid, self.next_mark(), encode_mark_op(self._mark, packet_id=pid), holds)
+
+    def _send_qos2(self, cid: str, mark: int, data: bytes, holds: list[tuple[str, int]]) -> None:
+        """OP_QOS2_ADD to the session's replicas; the holds end once every reachable one acknowledged it."""
+        peers = [p for p in self.assigned.get(cid, []) if self.svc.links.is_up(p)]
+        self._unconfirmed[mark] = [cid, set(peers), holds]
+        for peer in self.assigned.get(cid, []):
+            self._replicate(peer, cid, OP_QOS2_ADD, data, True, self._q2_waiter(peer, mark))
+        if not peers:
+            self._q2_acked(mark, "")
+
+    def _q2_waiter(self, peer: str, mark: int) -> OnAcked:
+        store = self.store
+
+        def acked(seq: int, _status: int) -> None:
+            store.wait_done(peer, seq, "r")
+            self._q2_acked(mark, peer)
+
+        return acked
+
+    def _q2_acked(self, mark: int, peer: str) -> None:
+        """A replica acknowledged (or lost) a packet id; once all have, the streams it held go out."""
         entry = self._unconfirmed.get(mark)
         if entry is None:
             return
-        entry[2].discard(peer)
-        if entry[2]:
+        entry[1].discard(peer)
+        if entry[1]:
             return
         del self._unconfirmed[mark]
-        if entry[1] is not None:
-            self.inner.kv_delete(Q2_TAGS, f"{mark:020d}")
-        for held, token in entry[3]:
+        for held, token in entry[2]:
             self.svc.release(held, token)
 
-    def _tag_routed(self, message: Message) -> None:
-        """route_remote: a QoS2 message whose packet id is not yet confirmed is tagged durably (same commit)."""
-        mark = self._q2_last.pop(message.publisher, None) if message.qos == 2 else None
-        entry = self._unconfirmed.get(mark) if mark is not None else None
-        if entry is not None and mark is not None:
-            entry[1] = message.msg_id
-            self.inner.kv_put(Q2_TAGS, f"{mark:020d}", _pair(message.publisher, message.msg_id))
+    def _qos2_routed(self, message: Message) -> None:
+        """route_remote, QoS2 publish path: the packet id and the message go to the publisher's replicas as one
+        pending entry (the PUBREC waits for them), tagged durably here; released by _qos2_settle once everything
+        the message caused is acknowledged."""
+        cid = message.publisher
+        stashed = self._q2_stash.pop(cid, None)
+        if stashed is None:
+            return
+        pid, holds = stashed
+        mark = self.next_mark()
+        if not self.assigned.get(cid):
+            self._send_qos2(cid, mark, encode_mark_op(mark, packet_id=pid), holds)
+            return
+        key = f"{mark:020d}/"
+        entry = encode(Forward(0, message, ()))
+        self._stranded.setdefault(cid, {})[key] = entry
+        self.inner.kv_put(Q2_TAGS, f"{mark:020d}", _pair(cid, message.msg_id))
+        self._send_qos2(cid, mark, encode_mark_op(mark, packet_id=pid, entry=entry), holds)
+        self._q2_settle = (cid, key)
+
+    def _qos2_settle(self) -> None:
+        """End of route_remote: once everything the QoS2 message caused is acknowledged (the PUBREC follows, with
+        no wait of its own), its pending entry is released."""
+        assert self._q2_settle is not None
+        cid, key = self._q2_settle
+        self._q2_settle = None
+        self.store.after_commit(self._qos2_settled, cid, key)
 
     def _ingress_peer_down(self, peer: str) -> None:
         """A replica that had not acknowledged a packet id is gone: the session is re-replicated at once to its new
-        replicas (a snapshot, which carries the id) and the barrier waits for them instead; their streams are
-        released, the snapshot going out ahead of the held forwards."""
+        replicas (a snapshot carries the id and the pending message) and the holds wait for them instead; their
+        own streams are released, the snapshot going out ahead of the held forwards."""
         for mark, entry in list(self._unconfirmed.items()):
-            if peer not in entry[2]:
+            if peer not in entry[1]:
                 continue
-            entry[2].discard(peer)
-            if entry[2]:
+            entry[1].discard(peer)
+            if entry[1]:
                 continue
             cid = entry[0]
             links = self.svc.links
             new = [p for p in self._placement(cid) if links.is_up(p)]
             if not new or self.broker is None or cid not in self.broker.sessions:
-                self._qos2_acked(mark, peer)  # nothing left to resume from: the barrier has no purpose
+                self._q2_acked(mark, peer)  # nothing left to resume from: holding has no purpose
                 continue
             self.assigned[cid] = new
-            entry[2].update(new)
-            for held, token in [h for h in entry[3] if h[0] in new]:
-                entry[3].remove((held, token))
+            entry[1].update(new)
+            for held, token in [h for h in entry[2] if h[0] in new]:
+                entry[2].remove((held, token))
                 self.svc.release(held, token)
             snapshot = self._snapshot(cid)
             for replica in new:
-                self._replicate(replica, cid, OP_SNAPSHOT, snapshot, False, mark)
+                self._replicate(replica, cid, OP_SNAPSHOT, snapshot, False, self._q2_waiter(replica, mark))
 
     def _placement(self, cid: str) -> list[str]:
         """The replica nodes of a local session (ClusterWiring)."""
@@ -172,6 +232,22 @@ class IngressGuard:
     def _snapshot(self, cid: str) -> bytes:
         """OP_SNAPSHOT data of a local session (ClusterWiring)."""
         raise NotImplementedError
+
+    def _qos2_settled(self, cid: str, key: str) -> None:
+        """Everything a QoS2 message caused is acknowledged (its PUBREC follows): release the pending entry."""
+        self.inner.kv_delete(Q2_TAGS, key[:-1])
+        self._release_pending(cid, key)
+
+    def _release_pending(self, cid: str, key: str) -> None:
+        entries = self._stranded.get(cid)
+        if entries is not None:
+            entries.pop(key, None)
+            if not entries:
+                del self._stranded[cid]
+        if self.broker is not None and cid in self.broker.sessions:
+            w = _Writer()
+            w.text(key)
+            self._session_op(cid, OP_STRANDED_DEL, bytes(w.out), False)
 
     # -- stranded messages ---------------------------------------------------------------------------------------
     def _strand(self, node: str, fwd: Forward, frame: bytes | None = None) -> list[tuple[str, int]]:
@@ -203,15 +279,7 @@ class IngressGuard:
             return
         pub, key = found
         self.inner.kv_delete(STRANDED_TAGS, f"{node}/{seq:020d}")
-        entries = self._stranded.get(pub)
-        if entries is not None:
-            entries.pop(key, None)
-            if not entries:
-                del self._stranded[pub]
-        if self.broker is not None and pub in self.broker.sessions:
-            w = _Writer()
-            w.text(key)
-            self._session_op(pub, OP_STRANDED_DEL, bytes(w.out), False)
+        self._release_pending(pub, key)
 
     def _strand_in_flight(self, peer: str) -> None:
         """`peer` went down with forwards in flight: strand them; a client ack waiting for the peer's ack now waits
@@ -223,7 +291,7 @@ class IngressGuard:
             for replica, rep_seq in self._strand(peer, fwd):
                 self.store.chain_wait((peer, fwd.seq, "f"), (replica, rep_seq, "r"))
 
-    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, mark: int = 0) -> int:
+    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, waiter: OnAcked | None = None) -> int:
         """Send one replica operation (ClusterWiring)."""
         raise NotImplementedError
 
@@ -237,8 +305,22 @@ class IngressGuard:
         for key in sorted(copy.stranded):
             frame = copy.stranded[key]
             fwd = decode_body(frame[4], frame[5:])
-            if isinstance(fwd, Forward):
-                self._onward(fwd.message, self._deliver_here(fwd.message, fwd.clients))
+            if not isinstance(fwd, Forward):
+                continue
+            message = fwd.message
+            if fwd.clients:
+                self._onward(message, self._deliver_here(message, fwd.clients))
+                continue
+            # a QoS2 message whose routing had not finished: route it again (receivers drop a copy they had)
+            if self.broker is not None:
+                match = self.broker.router.tree.match(message.topic)
+                local = tuple(dict.fromkeys(
+                    c for c, _f, opts in match.subscribers
+                    if c in self.broker.sessions and not (opts.no_local and c == message.publisher)))
+                if local:
+                    self._deliver_here(message, local)
+            for node, clients in self._targets(message).items():
+                self._forward(node, message, tuple(clients))
         return len(copy.stranded)
 
     # -- restart ---------------------------------------------------------------------------------------------------
@@ -271,15 +353,14 @@ class IngressGuard:
         assert self._reconciled is not None
         drop_ids: set[str] = set()
         for tag, (pub, msg_id) in self._restored_q2.items():
-            if not keeps_forward(self.claims.get(pub), self.node_id, int(tag), False):
+            if not keeps_forward(self.claims.get(pub), self.node_id, False):
                 drop_ids.add(msg_id)
             self.inner.kv_delete(Q2_TAGS, tag)
         drop_fwd: set[tuple[str, int]] = set()
         for tag, (pub, key) in self._restored_str.items():
             node, seq = tag.rsplit("/", 1)
-            mark = int(key.split("/", 1)[0])
             local = self.broker is not None and pub in self.broker.sessions
-            if not keeps_forward(self.claims.get(pub), self.node_id, mark, True):
+            if not keeps_forward(self.claims.get(pub), self.node_id, True):
                 drop_fwd.add((node, int(seq)))
             elif local:
                 self._stranded.setdefault(pub, {})[key] = b""  # filled below from the buffer
@@ -310,7 +391,7 @@ class IngressGuard:
                  dropped, purged)
 
     def _purge_local(self, drop_ids: set[str]) -> int:
-        """Queued copies of dropped QoS2 messages in local sessions (never sent: delivery waited for the barrier)."""
+        """Queued copies of dropped QoS2 messages in local sessions (never sent: delivery waited for the replicas)."""
         broker = self.broker
         if broker is None or not drop_ids:
             return 0

@@ -18,7 +18,6 @@ from appliance.cluster.forwarding import AckGate
 from appliance.cluster.ownership import (
     OP_DROP,
     OP_ENQUEUE,
-    OP_QOS2_ADD,
     OP_QOS2_DEL,
     OP_REMOVE,
     OP_SESSION,
@@ -76,6 +75,7 @@ class ClusterStore:
         self.on_session_op: SessionOp | None = None
         self.on_enqueued: Enqueued | None = None
         self.is_qos2: IsQos2 | None = None
+        self.on_qos2_added: Callable[[str, int], None] | None = None
         self._fifo: deque[_Gated] = deque()
         self._open: dict[Wait, list[_Gated]] = {}  # outstanding wait -> the callbacks it gates
         self._unbound: dict[Wait, None] = {}  # waits registered since the last after_commit, in order
@@ -242,7 +242,8 @@ class ClusterStore:
     def save_incoming_qos2(self, client_id: str, packet_id: int, message: Message | None) -> None:
         """Hold an incoming QoS2 packet id; replicas hold it too (no duplicate after a failover)."""
         self.inner.save_incoming_qos2(client_id, packet_id, message)
-        self._op(client_id, OP_QOS2_ADD, encode_uint(packet_id), True)
+        if self.on_qos2_added is not None:  # replicated with its message (the wiring's route_remote follows)
+            self.on_qos2_added(client_id, packet_id)
 
     def delete_incoming_qos2(self, client_id: str, packet_id: int) -> None:
         """Release an incoming QoS2 packet id."""

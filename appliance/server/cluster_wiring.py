@@ -25,7 +25,6 @@ from appliance.cluster.ownership import (
     OP_DROP,
     OP_ENQUEUE,
     OP_ENQUEUE_MANY,
-    OP_QOS2_ADD,
     OP_REMOVE,
     OP_REMOVE_MANY,
     OP_SESSION,
@@ -79,6 +78,7 @@ class ClusterWiring(SessionMigration, IngressGuard):
         self.store.on_session_op = self._session_op
         self.store.on_enqueued = self._note_enqueued
         self.store.is_qos2 = self._is_qos2
+        self.store.on_qos2_added = self._qos2_added
         self.events = events
         self.r = int(c["replication_factor"])
         self.clock = time.time
@@ -252,8 +252,8 @@ class ClusterWiring(SessionMigration, IngressGuard):
         the sessions reached."""
         if message.retain:
             self.retained_changed(message)
-        if message.qos == 2 and self._q2_last:
-            self._tag_routed(message)
+        if message.qos == 2 and self._q2_stash:
+            self._qos2_routed(message)
         targets = self._targets(message)
         for client_id in shared:
             claim = self.claims.get(client_id)
@@ -265,6 +265,8 @@ class ClusterWiring(SessionMigration, IngressGuard):
         for node, clients in targets.items():
             self._forward(node, message, tuple(clients))
             reached += len(clients)
+        if self._q2_settle is not None:
+            self._qos2_settle()
         return reached
 
     def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> None:
@@ -530,10 +532,8 @@ class ClusterWiring(SessionMigration, IngressGuard):
         return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2],
                                *self.snapshot_extras(cid))
 
-    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, mark: int = 0,
-                   waiter: OnAcked | None = None) -> int:
-        """Send one replica operation (a mark: its ack confirms that QoS2 packet id); return its stream seq. The
-        session's batched enqueues go first."""
+    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, waiter: OnAcked | None = None) -> int:
+        """Send one replica operation; return its stream seq. The session's batched enqueues go first."""
         if self._enqueues and op != OP_ENQUEUE_MANY and cid in self._enqueues:
             self._flush_enqueues_of(cid)
         svc = self.svc
@@ -544,12 +544,6 @@ class ClusterWiring(SessionMigration, IngressGuard):
             waiter = self._rep_waiters.get(peer)
         if waiter is None:
             waiter = self._rep_waiters[peer] = lambda seq, _st: store.wait_done(peer, seq, "r")
-        if mark:
-            plain = waiter
-
-            def waiter(seq: int, status: int) -> None:
-                plain(seq, status)
-                self._qos2_acked(mark, peer)
 
         rep = svc.replicate(peer, cid, op, data, waiter)
         if acked and svc.links.is_up(peer):
@@ -585,18 +579,14 @@ class ClusterWiring(SessionMigration, IngressGuard):
                 self._replicate(peer, cid, OP_SNAPSHOT, snapshot, True)
             if op == OP_SESSION:
                 return
-        mark = 0
         if op == OP_SESSION:
             claim = self.claims.get(cid)
             data = encode_snapshot(claim.epoch if claim else self.clock(), session.record, [], [])
-        elif op == OP_QOS2_ADD and peers:
-            data = self._qos2_added(cid, data, peers)
-            mark = self._q2_last[cid]
         elif op == OP_ENQUEUE and peers:
             self._batch_enqueue(cid, peers, data, acked)
             return
         for peer in peers:
-            self._replicate(peer, cid, op, data, acked, mark)
+            self._replicate(peer, cid, op, data, acked)
 
     def _batch_enqueue(self, cid: str, peers: list[str], data: bytes, acked: bool) -> None:
         """A session's enqueues of one loop iteration go to its replicas as one operation (one wait per replica,
@@ -623,7 +613,7 @@ class ClusterWiring(SessionMigration, IngressGuard):
         peers, batch_id, items = self._enqueues.pop(cid)
         data = encode_raws(items)
         for peer in peers:
-            self._replicate(peer, cid, OP_ENQUEUE_MANY, data, False, waiter=self._batch_waiter(peer, batch_id))
+            self._replicate(peer, cid, OP_ENQUEUE_MANY, data, False, self._batch_waiter(peer, batch_id))
 
     def _batch_waiter(self, peer: str, batch_id: int) -> OnAcked:
         store = self.store
