@@ -279,11 +279,19 @@ class SegmentWriter:
         col_fields: list[dict[str, Any]] = []
         seq_property = self.seq_property
         for kind, wall, mono, fields in items:
-            if type(fields) is tuple:  # a positional hot event (DeliveryLog.received, .routed, ...)
-                fields = fields_of(kind, fields, seq_property)
             k = kinds.get(kind) or dumps(str(kind))
             tail = "}"
-            if fields:
+            if type(fields) is tuple:  # a positional hot event: schema fields only, never None, no reason
+                try:
+                    fields = fields_of(kind, fields, seq_property)
+                except (KeyError, ValueError, IndexError, TypeError):  # not a layout this writer knows
+                    self.stats.bad_fields += len(fields)
+                    fields = {}
+                try:
+                    tail = "," + dumps(fields)[1:] if fields else "}"
+                except (TypeError, ValueError):
+                    tail = "," + dumps({key: _plain(v) for key, v in fields.items()})[1:]
+            elif fields:
                 if "message" in fields:
                     self._expand(kind, fields)
                 if None in fields.values() or not fields.keys() <= allowed:
