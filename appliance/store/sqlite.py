@@ -12,8 +12,9 @@ Usage (the node's start-up and shutdown)::
 Constructor: SqliteStore(path, *, loop=None, on_fatal=None, batch_max=20_000, full_integrity_check=False,
 pragmas=None). Write methods only append an operation to a deque. One writer thread takes everything pending (at
 most `batch_max` ops), folds same-batch updates into their insert and drops rows removed later in the batch, runs
-the rest in ONE transaction in call order (executemany per run of one kind), commits (fsync), then hands the
-after_commit callbacks registered among those ops to the loop with a single call_soon_threadsafe. Without a loop
+the rest in ONE transaction (queue removals first, as range deletes; everything else in call order, executemany
+per run of one kind), commits (fsync), then hands the after_commit callbacks registered among those ops to the
+loop with a single call_soon_threadsafe. Without a loop
 (scripts, tests) the callbacks run on the writer thread. A failed write or commit (disk full, I/O error) is fatal:
 pending callbacks are dropped (no PUBACK goes out), every later write raises StoreError, and `on_fatal(StoreError)`
 is called on the loop so the node can exit non-zero. save_session writes the session row only; subscriptions are
