@@ -93,6 +93,9 @@ class Session:
 
     def _allocate_packet_id(self) -> int:
         pid = self._next_packet_id
+        if pid not in self.inflight:
+            self._next_packet_id = pid % 65535 + 1
+            return pid
         for _ in range(65535):
             if pid not in self.inflight:
                 self._next_packet_id = pid % 65535 + 1
