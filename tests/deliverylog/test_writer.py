@@ -327,3 +327,17 @@ def test_positional_events_write_the_records_emit_writes(make_log, tmp_path):
     odd.close()
     (routed,) = _raw(tmp_path / "odd")
     assert routed["qos"] == 1 and type(routed["qos"]) is int
+
+
+def test_a_positional_event_of_unknown_layout_keeps_its_record_without_fields(tmp_path):
+    from appliance.deliverylog.identity import Identity
+    from appliance.deliverylog.writer import Limits, SegmentWriter
+
+    writer = SegmentWriter(str(tmp_path / "w"), Identity("f", "d", "n1", "1", BOOT), Limits(format="jsonl.gz"),
+                           lambda: True)
+    now, mono = time.time_ns(), time.monotonic_ns()
+    writer.write([("routed", now, mono, ("n1:1", "s")), ("acked", now, mono, ("n1:1", "s", 1))])
+    writer.close()
+    routed, acked = _raw(tmp_path / "w")
+    assert routed["kind"] == "routed" and "msg_id" not in routed and writer.stats.bad_fields == 2
+    assert (acked["msg_id"], acked["subscriber"], acked["qos"]) == ("n1:1", "s", 1)
