@@ -167,13 +167,6 @@ def cluster_ready() -> Iterator[None]:
 
 @pytest.mark.slow
 @pytest.mark.netns
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 4, two rare residual classes (about 1 run in 10 on the shared machine, see bench/RESULTS.md): a QoS2 "
-    "PUBLISH committed by a node SIGKILLed before its packet id reached the publisher session's replica is sent on "
-    "when that node restarts, while the publisher's resend was routed elsewhere (QoS2 duplicate); messages "
-    "acknowledged while their target was "
-    "unreachable sit only in the sender's in-transit buffer, and if the sender dies before the heal drains it they "
-    "arrive after the publisher's newer ones (reordered, not lost)"))
 @pytest.mark.parametrize("n", [3])
 def test_cluster_chaos_runs(cluster_ready: None, n: int) -> None:
     """Runs against n clustered nodes with kills, stops, partitions and isolation of random nodes: zero lost
