@@ -59,15 +59,13 @@ def fields_of(kind: str, values: tuple[Any, ...], seq_property: str) -> dict[str
 
 
 def plain(kind: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`values` with builtin types only (a subclass of int, str or bool made plain), for marshal."""
+    """`values` with builtin types only (an int subclass made int, anything else its text), for marshal."""
     out: list[Any] = []
     for i, value in enumerate(values):
         if kind == "received" and i == USER:
             out.append([(str(k), str(v)) for k, v in value] if value else None)
         elif value is None or type(value) in (str, int, bool):
             out.append(value)
-        elif isinstance(value, bool):
-            out.append(bool(value))
         elif isinstance(value, int):
             out.append(int(value))
         else:
