@@ -130,7 +130,7 @@ class ClusterService:
         self.discovery: Discovery | None = None
         # Held streams: Forward / Replicate frames to a held peer ("*": every peer) stay buffered, unsent, until
         # released (a QoS2 packet id not yet on its replica; a restarted node reconciling its durable forwards).
-        self._barriers: dict[str, list[list[int]]] = {}  # peer -> holds in order: [token, first f seq, first r seq]
+        self._barriers: dict[str, list[list[int]]] = {}  # peer -> holds in order: [token, first forward seq held]
         self._hold_seq = 0
         self._hold_all = False
         self._unsent: dict[tuple[str, str], int] = {}  # (peer, "f" / "r") -> first seq held back, not yet sent
@@ -272,9 +272,9 @@ class ClusterService:
         if self._hold_all:
             return 0
         barriers = self._barriers.get(peer)
-        if not barriers:
+        if not barriers or kind != "f":  # replica streams are never held by hold(): they carry what releases it
             return None
-        return barriers[0][1 if kind == "f" else 2]
+        return barriers[0][1]
 
     def _defer_or_send(self, peer: str, kind: str, msg: ClusterMessage, seq: int, frame: bytes | None) -> None:
         limit = self._limit(peer, kind) if (self._hold_all or self._barriers) else None
@@ -289,12 +289,12 @@ class ClusterService:
             self.links.async_send(peer, msg)
 
     def hold(self, peer: str) -> int:
-        """Frames submitted to the peer from now on stay buffered until release(peer, token) of this and every
-        earlier hold of the peer (frames submitted before a hold are not held by it); return the token."""
+        """Forwards submitted to the peer from now on stay buffered until release(peer, token) of this and every
+        earlier hold of the peer (forwards submitted before a hold are not held by it); return the token. Replica
+        operations are not held (holding them could make two holds wait for each other's release)."""
         self._hold_seq += 1
-        sender, rsender = self.senders.get(peer), self.replica_senders.get(peer)
-        self._barriers.setdefault(peer, []).append(
-            [self._hold_seq, sender.next_seq if sender else 0, rsender.next_seq if rsender else 0])
+        sender = self.senders.get(peer)
+        self._barriers.setdefault(peer, []).append([self._hold_seq, sender.next_seq if sender else 0])
         return self._hold_seq
 
     def release(self, peer: str, token: int) -> None:

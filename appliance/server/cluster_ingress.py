@@ -125,7 +125,7 @@ class IngressGuard:
 
     def _qos2_added(self, cid: str, pid: int) -> None:
         """ClusterStore hook, a publisher's packet id is being stored: from now until its replicas acknowledge it
-        (with its message, sent by route_remote, which follows at once), nothing leaves for any other peer; a
+        (with its message, sent by route_remote, which follows at once), no forward leaves for any other peer; a
         left-over (adoption) goes alone at the end of the iteration."""
         peers = self._replicated(cid)
         links = self.svc.links
