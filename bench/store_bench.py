@@ -1,4 +1,4 @@
-"""Store benchmark: hot-path submit cost, group-commit throughput of a QoS1 flow, and load() time of a big queue.
+"""Store benchmark: hot-path submit cost, writer CPU per message, group-commit throughput of a QoS1 flow, load() time.
 
 Run: .venv/bin/python -m bench.store_bench [--messages N] [--queued N] [--rate R] [--dir DIR on a real disk]
 """
@@ -114,6 +114,40 @@ async def bench_qos1_flow(directory: Path, n: int, burst: int, rate: float | Non
     }
 
 
+def bench_writer_cpu(directory: Path, batches: int = 300, per_batch: int = 150) -> dict[str, float]:
+    """Writer-thread CPU per message for the broker's QoS1 pattern, one transaction per batch: each message's enqueue
+    and SENT update interleaved with the PUBACK removal of a message of the previous batch (ops as the broker
+    queues them, applied as the writer thread applies them)."""
+    import sqlite3
+
+    from appliance.store import batch
+    from appliance.store.schema import connect, prepare
+
+    path = directory / "writer.db"
+    prepare(path)
+    conn: sqlite3.Connection = connect(path)
+    payload = b"x" * 100
+    seq, previous, cpu = 0, [], 0.0
+    for _ in range(batches):
+        ops: list[batch.Op] = []
+        acks = list(previous)
+        for _ in range(per_batch):
+            seq += 1
+            ops.append((batch.ENQUEUE, ("sub", seq, _message(seq, payload), 1, False, None, None, DeliveryState.QUEUED,
+                                        0)))
+            ops.append((batch.UPDATE_DELIVERY, (DeliveryState.SENT, seq % 65535 + 1, "sub", seq)))
+            if acks:
+                ops.append((batch.REMOVE_DELIVERY, ("sub", acks.pop(0))))
+        previous = list(range(seq - per_batch + 1, seq + 1))
+        c0 = time.thread_time()
+        conn.execute("BEGIN")
+        batch.apply(conn, ops)
+        conn.commit()
+        cpu += time.thread_time() - c0
+    conn.close()
+    return {"writer_cpu_us_per_message": cpu / (batches * per_batch) * 1e6, "messages": batches * per_batch}
+
+
 def bench_load(directory: Path, queued: int, sessions: int) -> dict[str, float]:
     """Seconds for load() of `queued` messages spread over `sessions` sessions (half with v5 properties)."""
     path = directory / "load.db"
@@ -162,6 +196,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir or Path.cwd()) as tmp:
         directory = Path(tmp)
         print(bench_submit_cost(directory, 100_000))
+        print(bench_writer_cpu(directory))
         print(asyncio.run(bench_qos1_flow(directory, args.messages, args.burst, args.rate or None)))
         print(bench_load(directory, args.queued, 10))
 
