@@ -9,7 +9,8 @@ from pyspark.sql import functions as F
 
 from cloud_spark.schema import SOURCES, VERSIONS, VersionSpec, canonical_schema, parse_schema
 
-RAW_COLUMNS = ("value", "file", "path_fleet", "path_date", "path_device")
+ROW = "_row"  # a record's position in its file: with `file`, which copy of a repeated event_id is kept
+RAW_COLUMNS = ("value", "file", ROW, "path_fleet", "path_date", "path_device")
 QUARANTINE_COLUMNS = ("reason", "schema_version", "event_id", "value", "file", "path_fleet", "path_date", "path_device")
 
 # Fields a record of a given kind cannot do without (beyond the version's always-required fields).
@@ -43,7 +44,7 @@ def typed_records(typed: DataFrame, versions: Mapping[int, VersionSpec] = VERSIO
     out = typed.select(*[F.col(c) for c in RAW_COLUMNS if c != "value" and c in typed.columns], *cols)
     for c in RAW_COLUMNS:
         if c not in out.columns:
-            out = out.withColumn(c, F.lit(None).cast("string"))
+            out = out.withColumn(c, F.lit(None).cast("long" if c == ROW else "string"))
     return out.withColumn(CORRUPT, F.lit(None).cast("string")).select(*RAW_COLUMNS, *schema.fieldNames(), CORRUPT)
 
 
@@ -127,8 +128,12 @@ def quarantine(checked: DataFrame) -> DataFrame:
     return bad.select(*QUARANTINE_COLUMNS)
 
 
-def accepted(checked: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
-    """The good records in the canonical shape, plus the `date` partition (upload path's, else the wall clock's)."""
+def accepted(checked: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS,
+             keep: tuple[str, ...] = ()) -> DataFrame:
+    """The good records in the canonical shape, plus the `date` partition (upload path's, else the wall clock's).
+
+    `keep` names raw columns to carry along (dedupe uses `file` and `_row`).
+    """
     good = checked.where(F.col(REJECT).isNull())
     for spec in versions.values():
         for old, new in spec.renames.items():
@@ -137,27 +142,38 @@ def accepted(checked: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS)
     canon = canonical_schema(versions)
     wall_date = F.date_format(F.timestamp_micros("ts_wall_us"), "yyyy-MM-dd")
     return good.select(*[F.col(f.name).cast(f.dataType) for f in canon.fields],
-                       F.coalesce(F.col("path_date"), wall_date).alias("date"))
+                       F.coalesce(F.col("path_date"), wall_date).alias("date"), *keep)
 
 
-def repeated_ids(events: DataFrame) -> DataFrame:
-    """The event ids seen more than once, with how often (only ids are shuffled to count them)."""
-    return (events.groupBy("event_id").agg(F.count(F.lit(1)).alias("copies"))
+def suspects(checked: DataFrame) -> DataFrame:
+    """Per 64-bit hash of event_id seen more than once or on a rejected record: copies and whether any was rejected.
+
+    One hash aggregation over fixed-width keys (cheap on every record); the result is small. A hash shared by two
+    different ids only makes them candidates: repeated_ids recounts the candidates by their exact id.
+    """
+    return (checked.groupBy(F.xxhash64("event_id").alias("h"))
+            .agg(F.count(F.lit(1)).alias("copies"), F.max(F.col(REJECT).isNotNull()).alias("rejected"))
+            .where((F.col("copies") > 1) | F.col("rejected")))
+
+
+def repeated_ids(good: DataFrame, suspect_rows: DataFrame) -> DataFrame:
+    """The accepted event ids seen more than once: copies, and which copy (file, _row) to keep (the smallest)."""
+    candidates = suspect_rows.where(F.col("copies") > 1).select("h")
+    rows = good.join(F.broadcast(candidates), F.xxhash64("event_id") == F.col("h"), "left_semi")
+    return (rows.groupBy("event_id")
+            .agg(F.count(F.lit(1)).alias("copies"), F.min(F.struct("file", ROW)).alias("keep"))
             .where(F.col("copies") > 1))
 
 
-def dedupe(events: DataFrame, repeated: DataFrame | None = None) -> DataFrame:
+def dedupe(good: DataFrame, repeated: DataFrame | None) -> DataFrame:
     """One row per event_id (re-uploads repeat records); `copies` says how many times it was seen.
 
-    The (usually few) repeated records are collapsed on their own and every other record passes through, so the
-    wide rows are never sorted by id; given `repeated` (repeated_ids, written out and read back), Spark knows it
-    is small and broadcasts it.
+    good: accepted(..., keep=("file", "_row")); repeated: repeated_ids (small, broadcast), None when nothing repeats.
+    Every record passes through in one scan; of a repeated id only the chosen copy stays, so nothing is shuffled.
     """
+    cols = [c for c in good.columns if c not in ("file", ROW)]
     if repeated is None:
-        repeated = repeated_ids(events)
-    others = [c for c in events.columns if c != "event_id"]
-    once = (events.join(repeated.select("event_id"), "event_id", "left_anti")
-            .withColumn("copies", F.lit(1).cast("long")))
-    collapsed = (events.join(repeated.select("event_id"), "event_id", "left_semi").groupBy("event_id")
-                 .agg(*[F.first(c).alias(c) for c in others], F.count(F.lit(1)).alias("copies")))
-    return once.select(*events.columns, "copies").unionByName(collapsed.select(*events.columns, "copies"))
+        return good.select(*cols, F.lit(1).cast("long").alias("copies"))
+    j = good.join(F.broadcast(repeated), "event_id", "left")
+    chosen = F.col("copies").isNull() | ((F.col("file") == F.col("keep.file")) & (F.col(ROW) == F.col(f"keep.{ROW}")))
+    return j.where(chosen).select(*cols, F.coalesce(F.col("copies"), F.lit(1)).cast("long").alias("copies"))

@@ -49,7 +49,7 @@ def read_json_segments(spark: SparkSession, root: str, fleets: Sequence[str] | N
                        dates: Sequence[str] | None = None, glob: str = "*.jsonl.gz") -> DataFrame:
     """Raw lines of every JSON Lines segment under root (Hive keys fleet=/date=/device= become path_* columns)."""
     raw = spark.read.option("pathGlobFilter", glob).option("basePath", root).text(root)
-    raw = raw.withColumn("file", F.input_file_name())
+    raw = raw.withColumn("file", F.input_file_name()).withColumn(ingest.ROW, F.monotonically_increasing_id())
     return _with_path_columns(raw, fleets, dates).select(*ingest.RAW_COLUMNS)
 
 
@@ -58,7 +58,7 @@ def read_parquet_segments(spark: SparkSession, root: str, versions: Mapping[int,
     """Parquet segments under root, read with every version's fields (absent ones null), Hive keys as path_*."""
     df = (spark.read.schema(parse_schema(versions)).option("pathGlobFilter", "*.parquet")
           .option("basePath", root).parquet(root))
-    df = df.withColumn("file", F.input_file_name())
+    df = df.withColumn("file", F.input_file_name()).withColumn(ingest.ROW, F.col("_metadata.row_index"))
     return _with_path_columns(df, fleets, dates, keep=True)
 
 
@@ -87,17 +87,27 @@ def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | 
             # keep the raw line only where it is needed (rejects)
             parts.append(checked.withColumn("value", F.when(F.col(ingest.REJECT).isNotNull(), F.col("value"))))
         checked = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        checked = checked.persist()
+        if has_json:  # JSON is parsed once and kept (its row ids must stay put); Parquet is cheaper to re-read
+            checked = checked.persist()
         try:
-            (ingest.quarantine(checked).write.mode("overwrite").partitionBy("path_fleet", "path_date")
-             .parquet(f"{out}/quarantine"))
-            good = ingest.accepted(checked, versions)
-            ingest.repeated_ids(good).write.mode("overwrite").parquet(f"{out}/_staging/repeated")
-            repeated = spark.read.parquet(f"{out}/_staging/repeated")
+            ingest.suspects(checked).write.mode("overwrite").parquet(f"{out}/_staging/suspects")
+            suspects = spark.read.parquet(f"{out}/_staging/suspects")
+            flags = suspects.agg(F.max("rejected").alias("rejected"), F.max("copies").alias("copies")).first()
+            rejected = bool(flags and flags["rejected"])
+            repeated_copies = bool(flags and (flags["copies"] or 0) > 1)
+            bad = (ingest.quarantine(checked) if rejected  # no record rejected: no second full read for nothing
+                   else spark.createDataFrame([], ingest.QUARANTINE_SCHEMA).select(*ingest.QUARANTINE_COLUMNS))
+            bad.write.mode("overwrite").partitionBy("path_fleet", "path_date").parquet(f"{out}/quarantine")
+            good = ingest.accepted(checked, versions, keep=("file", ingest.ROW))
+            repeated = None
+            if repeated_copies:
+                ingest.repeated_ids(good, suspects).write.mode("overwrite").parquet(f"{out}/_staging/repeated")
+                repeated = spark.read.parquet(f"{out}/_staging/repeated")
             (ingest.dedupe(good, repeated).write.mode("overwrite")
              .partitionBy("fleet", "date").parquet(f"{out}/events"))
         finally:
-            checked.unpersist()
+            if has_json:
+                checked.unpersist()
     return ingest_stats(spark, out)
 
 
@@ -125,8 +135,8 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
     places = spark.read.parquet(f"{out}/places")
     if window_end_us is None:
         window_end_us = int(clocks.agg(F.max("last_us")).first()[0])  # type: ignore[index]
-    # every analysis pass reads these columns of the events: one scan, kept in memory (spills to disk if need be)
-    timed = clock.with_event_time(events, places).select(*TIMED_COLUMNS).persist()
+    # each analysis pass reads only the columns it needs straight from Parquet: cheaper than building a cache
+    timed = clock.with_event_time(events, places).select(*TIMED_COLUMNS)
     with step("analyze: message fate"):
         facts = fate.fates(fate.pairs(timed, places), fate.messages(timed, places), fate.receipts(timed),
                            fate.logged_clients(timed), window_end_us, grace_us)
@@ -149,7 +159,6 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
             rollups.rollup(fates, late, dim).write.mode("overwrite").parquet(f"{out}/rollup_{dim}")
         inc = rollups.incidents(timed, window_end_us)
         rollups.incident_impact(inc, fates, late).write.mode("overwrite").parquet(f"{out}/incidents")
-    timed.unpersist()
     with step("analyze: summary"):
         summary = build_summary(spark, out, window_end_us, grace_us, ingest_summary)
         write_text(spark, f"{out}/summary.json", json.dumps(summary, indent=2, sort_keys=True))
