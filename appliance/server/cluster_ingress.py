@@ -99,7 +99,7 @@ class IngressGuard:
 
     def _init_ingress(self) -> None:
         self._mark = int(time.time() * 1_000_000)  # grows across restarts, like stream seqs
-        self._q2_stash: dict[str, tuple[int, list[tuple[str, int]]]] = {}  # publisher -> (packet id, holds)
+        self._q2_stash: dict[str, list[tuple[int, list[tuple[str, int]]]]] = {}  # publisher -> [(packet id, holds)]
         self._unconfirmed: dict[int, list[Any]] = {}  # mark -> [publisher, replicas left, holds (peer, token)]
         self._q2_settle: tuple[str, str] | None = None  # (publisher, pending key) of the QoS2 message being routed
         self._stranded: dict[str, dict[str, bytes]] = {}  # publisher -> pending key -> encoded Forward
@@ -121,7 +121,13 @@ class IngressGuard:
             return []
         if cid not in self.assigned:
             self._session_op(cid, OP_SESSION, b"", False)  # placement and a first snapshot
+        elif len(self.assigned[cid]) < self.r - 1:  # under-replicated (a peer just returned): place it now
+            return self._replace(cid, set(self.svc.membership.live()))
         return self.assigned.get(cid, [])
+
+    def _replace(self, cid: str, live: set[str]) -> list[str]:
+        """Move a local session's replicas to its current placement (ClusterWiring)."""
+        raise NotImplementedError
 
     def _qos2_added(self, cid: str, pid: int) -> None:
         """ClusterStore hook, a publisher's packet id is being stored: from now until its replicas acknowledge it
@@ -135,17 +141,21 @@ class IngressGuard:
             holds = [(p, svc.hold(p)) for p in svc.membership.all() if p != self.node_id and p not in peers]
         if not self._q2_stash:
             asyncio.get_running_loop().call_soon(self._flush_q2_stash)
-        self._q2_stash[cid] = (pid, holds)
+        self._q2_stash.setdefault(cid, []).append((pid, holds))  # an adopted session stores several at once
 
     def _flush_q2_stash(self) -> None:
         stash, self._q2_stash = self._q2_stash, {}
-        for cid, (pid, holds) in stash.items():
-            self._send_qos2(cid, self.next_mark(), encode_mark_op(self._mark, packet_id=pid), holds)
+        for cid, items in stash.items():
+            for pid, holds in items:
+                self._send_qos2(cid, self.next_mark(), encode_mark_op(self._mark, packet_id=pid), holds)
 
     def _send_qos2(self, cid: str, mark: int, data: bytes, holds: list[tuple[str, int]]) -> None:
-        """OP_QOS2_ADD to the session's replicas; the holds end once every reachable one acknowledged it."""
+        """OP_QOS2_ADD to the session's replicas; the holds end once every reachable one acknowledged it (or, at
+        the latest, after failure_timeout: a replica that slow is about to be declared down anyway)."""
         peers = [p for p in self.assigned.get(cid, []) if self.svc.links.is_up(p)]
         self._unconfirmed[mark] = [cid, set(peers), holds]
+        if holds:
+            asyncio.get_running_loop().call_later(self.c["failure_timeout"], self._q2_expire, mark)
         for peer in self.assigned.get(cid, []):
             self._replicate(peer, cid, OP_QOS2_ADD, data, True, self._q2_waiter(peer, mark))
         if not peers:
@@ -159,6 +169,14 @@ class IngressGuard:
             self._q2_acked(mark, peer)
 
         return acked
+
+    def _q2_expire(self, mark: int) -> None:
+        entry = self._unconfirmed.get(mark)
+        if entry is not None:
+            log.warning("QoS2 packet id of %s not acknowledged by %s within failure_timeout: forwards released",
+                        entry[0], sorted(entry[1]))
+            entry[1].clear()
+            self._q2_acked(mark, "")
 
     def _q2_acked(self, mark: int, peer: str) -> None:
         """A replica acknowledged (or lost) a packet id; once all have, the streams it held go out."""
@@ -177,10 +195,12 @@ class IngressGuard:
         pending entry (the PUBREC waits for them), tagged durably here; released by _qos2_settle once everything
         the message caused is acknowledged."""
         cid = message.publisher
-        stashed = self._q2_stash.pop(cid, None)
-        if stashed is None:
+        items = self._q2_stash.get(cid)
+        if not items:
             return
-        pid, holds = stashed
+        pid, holds = items.pop()  # the packet id stored just before this message was routed
+        if not items:
+            del self._q2_stash[cid]
         mark = self.next_mark()
         if not self.assigned.get(cid):
             self._send_qos2(cid, mark, encode_mark_op(mark, packet_id=pid), holds)

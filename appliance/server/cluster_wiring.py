@@ -640,12 +640,14 @@ class ClusterWiring(SessionMigration, IngressGuard):
             return
         live = set(self._live())
         for cid, session in list(broker.sessions.items()):
-            if not session.persistent:
-                continue
-            want = self._placement(cid)
-            have = self.assigned.get(cid, [])
-            if want == have:
-                continue
+            if session.persistent:
+                self._replace(cid, live)
+
+    def _replace(self, cid: str, live: set[str]) -> list[str]:
+        """Move one local session's replicas to its current placement (snapshots to new ones); return them."""
+        want = self._placement(cid)
+        have = self.assigned.get(cid, [])
+        if want != have:
             snapshot = self._snapshot(cid)
             for peer in want:
                 if peer not in have:
@@ -654,6 +656,7 @@ class ClusterWiring(SessionMigration, IngressGuard):
                 if peer not in want and peer in live:
                     self._replicate(peer, cid, OP_DROP, b"", False)
             self.assigned[cid] = want
+        return want
 
     # -- status --------------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
