@@ -1,0 +1,201 @@
+"""Owner side of queue replication for the cluster wiring: placement, the owner -> replica operations (enqueues and
+releases batched per session and loop iteration), re-replication after membership changes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from appliance.broker.handover import session_image
+from appliance.cluster.forwarding import OnAcked, ReplicaSender
+from appliance.cluster.membership import rendezvous
+from appliance.cluster.ownership import (
+    OP_DROP,
+    OP_ENQUEUE,
+    OP_ENQUEUE_MANY,
+    OP_REMOVE,
+    OP_REMOVE_MANY,
+    OP_SESSION,
+    OP_SNAPSHOT,
+    SessionClaim,
+    decode_uint,
+    encode_raws,
+    encode_snapshot,
+    encode_uints,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from appliance.broker.broker import Broker
+    from appliance.cluster.service import ClusterService
+
+    from .cluster_store import ClusterStore
+
+
+class QueueReplication:
+    """Mixed into ClusterWiring (first, so its methods win over the other mixins' declarations)."""
+
+    node_id: str
+    service: ClusterService | None
+    broker: Broker | None
+    store: ClusterStore
+    r: int
+    claims: dict[str, SessionClaim]
+    assigned: dict[str, list[str]]
+    clock: Callable[[], float]
+    _seq_base: int
+    _rebalance_pending: bool
+    _rep_waiters: dict[str, OnAcked]
+    _removes: dict[str, list[int]]
+    _enqueues: dict[str, tuple[list[str], int, list[bytes]]]
+    _batch_id: int
+    snapshot_extras: Callable[[str], tuple[int, dict[str, bytes]]]  # IngressGuard: mark and pending messages
+
+    @property
+    def svc(self) -> ClusterService:
+        """The running service (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _live(self) -> list[str]:
+        """Live members (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _placement(self, cid: str) -> list[str]:
+        """The R-1 replica nodes of a session owned here, from the live members."""
+        others = [n for n in self._live() if n != self.node_id]
+        return rendezvous(cid, others, self.r - 1)
+
+    def _snapshot(self, cid: str) -> bytes:
+        assert self.broker is not None
+        image = session_image(self.broker, cid)
+        assert image is not None
+        claim = self.claims.get(cid)
+        return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2],
+                               *self.snapshot_extras(cid))
+
+    def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, waiter: OnAcked | None = None) -> int:
+        """Send one replica operation; return its stream seq. The session's batched enqueues go first."""
+        if self._enqueues and op != OP_ENQUEUE_MANY and cid in self._enqueues:
+            self._flush_enqueues_of(cid)
+        svc = self.svc
+        if peer not in svc.replica_senders:
+            svc.replica_senders[peer] = ReplicaSender(peer, next_seq=self._seq_base)
+        store = self.store
+        if waiter is None:
+            waiter = self._rep_waiters.get(peer)
+        if waiter is None:
+            waiter = self._rep_waiters[peer] = lambda seq, _st: store.wait_done(peer, seq, "r")
+
+        rep = svc.replicate(peer, cid, op, data, waiter)
+        if acked and svc.links.is_up(peer):
+            store.add_wait(peer, rep.seq, "r")
+        return rep.seq
+
+    def _session_op(self, cid: str, op: int, data: bytes, acked: bool) -> None:
+        """A write to a session's durable state: the same write to its replicas (releases go as one operation per
+        session and loop iteration, ahead of the session's next other operation)."""
+        broker = self.broker
+        if broker is None or self.service is None or self.r < 2:
+            return
+        removes = self._removes
+        if op == OP_REMOVE:
+            if not removes:
+                asyncio.get_running_loop().call_soon(self._flush_removes)
+            removes.setdefault(cid, []).append(decode_uint(data))
+            return
+        if removes and cid in removes:
+            self._replicate_removes(cid, removes.pop(cid))
+        if op == OP_DROP:
+            for peer in self.assigned.pop(cid, []):
+                self._replicate(peer, cid, OP_DROP, b"", False)
+            return
+        session = broker.sessions.get(cid)
+        if session is None or not session.persistent:
+            return
+        peers = self.assigned.get(cid)
+        if peers is None:
+            peers = self.assigned[cid] = self._placement(cid)
+            snapshot = self._snapshot(cid)
+            for peer in peers:
+                self._replicate(peer, cid, OP_SNAPSHOT, snapshot, True)
+            if op == OP_SESSION:
+                return
+        if op == OP_SESSION:
+            claim = self.claims.get(cid)
+            data = encode_snapshot(claim.epoch if claim else self.clock(), session.record, [], [])
+        elif op == OP_ENQUEUE and peers:
+            self._batch_enqueue(cid, peers, data, acked)
+            return
+        for peer in peers:
+            self._replicate(peer, cid, op, data, acked)
+
+    def _batch_enqueue(self, cid: str, peers: list[str], data: bytes, acked: bool) -> None:
+        """A session's enqueues of one loop iteration go to its replicas as one operation (one wait per replica,
+        shared by every ack that needs them); any other write of the session sends them first."""
+        batches = self._enqueues
+        batch = batches.get(cid)
+        if batch is None:
+            if not batches:
+                asyncio.get_running_loop().call_soon(self._flush_enqueues)
+            self._batch_id += 1
+            batch = batches[cid] = (list(peers), self._batch_id, [])
+        batch[2].append(data)
+        if acked:
+            links = self.svc.links
+            for peer in batch[0]:
+                if links.is_up(peer):
+                    self.store.add_wait(peer, batch[1], "b")
+
+    def _flush_enqueues(self) -> None:
+        for cid in list(self._enqueues):
+            self._flush_enqueues_of(cid)
+
+    def _flush_enqueues_of(self, cid: str) -> None:
+        peers, batch_id, items = self._enqueues.pop(cid)
+        data = encode_raws(items)
+        for peer in peers:
+            self._replicate(peer, cid, OP_ENQUEUE_MANY, data, False, self._batch_waiter(peer, batch_id))
+
+    def _batch_waiter(self, peer: str, batch_id: int) -> OnAcked:
+        store = self.store
+        return lambda _seq, _status: store.wait_done(peer, batch_id, "b")
+
+    def _flush_removes(self) -> None:
+        removes, self._removes = self._removes, {}
+        for cid, seqs in removes.items():
+            self._replicate_removes(cid, seqs)
+
+    def _replicate_removes(self, cid: str, seqs: list[int]) -> None:
+        self._session_op(cid, OP_REMOVE_MANY, encode_uints(seqs), False)
+
+    def _schedule_rebalance(self) -> None:
+        if not self._rebalance_pending:
+            self._rebalance_pending = True
+            asyncio.get_running_loop().call_later(0.2, self._rebalance)
+
+    def _rebalance(self) -> None:
+        """Restore R copies of every persistent session owned here after a membership change (snapshots)."""
+        self._rebalance_pending = False
+        broker = self.broker
+        if broker is None or self.r < 2:
+            return
+        live = set(self._live())
+        for cid, session in list(broker.sessions.items()):
+            if session.persistent:
+                self._replace(cid, live)
+
+    def _replace(self, cid: str, live: set[str]) -> list[str]:
+        """Move one local session's replicas to its current placement (snapshots to new ones); return them."""
+        want = self._placement(cid)
+        have = self.assigned.get(cid, [])
+        if want != have:
+            snapshot = self._snapshot(cid)
+            for peer in want:
+                if peer not in have:
+                    self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False)
+            for peer in have:
+                if peer not in want and peer in live:
+                    self._replicate(peer, cid, OP_DROP, b"", False)
+            self.assigned[cid] = want
+        return want
