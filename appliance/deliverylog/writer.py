@@ -280,17 +280,12 @@ class SegmentWriter:
         seq_property = self.seq_property
         for kind, wall, mono, fields in items:
             k = kinds.get(kind) or dumps(str(kind))
-            tail = "}"
             if type(fields) is tuple:  # a positional hot event: schema fields only, never None, no reason
                 try:
                     fields = fields_of(kind, fields, seq_property)
                 except (KeyError, ValueError, IndexError, TypeError):  # not a layout this writer knows
                     self.stats.bad_fields += len(fields)
                     fields = {}
-                try:
-                    tail = "," + dumps(fields)[1:] if fields else "}"
-                except (TypeError, ValueError):
-                    tail = "," + dumps({key: _plain(v) for key, v in fields.items()})[1:]
             elif fields:
                 if "message" in fields:
                     self._expand(kind, fields)
@@ -301,11 +296,12 @@ class SegmentWriter:
                 reason = fields.get("reason")
                 if reason is not None and type(reason) is not str:
                     fields["reason"] = _reason_text(reason)
-                if fields:
-                    try:
-                        tail = "," + dumps(fields)[1:]
-                    except (TypeError, ValueError):  # a value JSON cannot hold: keep its text
-                        tail = "," + dumps({key: _plain(v) for key, v in fields.items()})[1:]
+            tail = "}"
+            if fields:
+                try:
+                    tail = "," + dumps(fields)[1:]
+                except (TypeError, ValueError):  # a value JSON cannot hold: keep its text
+                    tail = "," + dumps({key: _plain(v) for key, v in fields.items()})[1:]
             wall_us, mono_us = wall // 1000, mono // 1000
             lines.append(
                 f'{prefix}{n}","kind":{k},"ts_wall_us":{wall_us},"ts_mono_us":{mono_us},"clock_synced":{flag}{tail}\n'
