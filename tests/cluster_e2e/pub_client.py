@@ -10,27 +10,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 
 from appliance.protocol.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
-from tests.chaos.mqttio import Conn, Gone
-
-SESSION_EXPIRY = 3600
-
-
-def emit(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
+from tests.chaos.mqttio import Gone
+from tests.cluster_e2e.step_client import async_open_session, emit
 
 
 async def async_main(args: argparse.Namespace) -> None:
-    conn = await Conn.async_open(args.host, 1883, 0, 10.0)
-    try:
-        connack = await conn.async_connect(args.client_id, False, SESSION_EXPIRY, 10.0)
-    except Gone as exc:
-        emit(connack=str(exc))
+    opened = await async_open_session(args.host, args.client_id)
+    if opened is None:
         return
-    emit(connack=connack.reason_code, present=connack.session_present)
+    conn = opened[0]
     if args.after:  # publish once this file exists (the test prepares a fault meanwhile)
         while not os.path.exists(args.after):
             await asyncio.sleep(0.02)

@@ -12,7 +12,17 @@ import argparse
 import asyncio
 import json
 
-from appliance.protocol.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, SubscriptionRequest
+from appliance.protocol.packets import (
+    Connack,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    SubscriptionRequest,
+)
 from tests.chaos.mqttio import Conn, Gone
 
 SESSION_EXPIRY = 3600
@@ -22,14 +32,23 @@ def emit(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def async_main(args: argparse.Namespace) -> None:
-    conn = await Conn.async_open(args.host, 1883, 0, 10.0)
+async def async_open_session(host: str, client_id: str) -> tuple[Conn, Connack] | None:
+    """Connect a persistent session and print its CONNACK line; None (after printing why) when it is refused."""
+    conn = await Conn.async_open(host, 1883, 0, 10.0)
     try:
-        connack = await conn.async_connect(args.client_id, False, SESSION_EXPIRY, 10.0)
+        connack = await conn.async_connect(client_id, False, SESSION_EXPIRY, 10.0)
     except Gone as exc:
         emit(connack=str(exc))
-        return
+        return None
     emit(connack=connack.reason_code, present=connack.session_present)
+    return conn, connack
+
+
+async def async_main(args: argparse.Namespace) -> None:
+    opened = await async_open_session(args.host, args.client_id)
+    if opened is None:
+        return
+    conn, connack = opened
     if not connack.session_present:
         conn.send(Subscribe(1, [SubscriptionRequest(args.topic, args.qos)]))
         packet = await conn.async_recv(10.0)
