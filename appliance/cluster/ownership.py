@@ -312,6 +312,25 @@ def decode_uint(data: bytes) -> int:
     return _Reader(data).uint()
 
 
+def encode_texts(*texts: str) -> bytes:
+    """Strings in order (OP_STRANDED_DEL data, the wiring's ingress-mark values)."""
+    w = _Writer()
+    for text in texts:
+        w.text(text)
+    return bytes(w.out)
+
+
+def decode_text(data: bytes) -> str:
+    """Inverse of encode_texts for one string."""
+    return _Reader(data).text()
+
+
+def decode_text_pair(data: bytes) -> tuple[str, str]:
+    """Inverse of encode_texts for two strings."""
+    r = _Reader(data)
+    return r.text(), r.text()
+
+
 def encode_uints(values: list[int]) -> bytes:
     """OP_REMOVE_MANY data."""
     w = _Writer()
@@ -402,7 +421,7 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
         key = r.text()
         copy.stranded[key] = r.raw()
     elif op == OP_STRANDED_DEL:
-        copy.stranded.pop(_Reader(data).text(), None)
+        copy.stranded.pop(decode_text(data), None)
     elif op == OP_DROP:
         return None
     return copy

@@ -32,10 +32,12 @@ from appliance.cluster.ownership import (
     OP_STRANDED_DEL,
     ReplicaCopy,
     SessionClaim,
+    decode_text_pair,
     encode_mark_op,
+    encode_texts,
     keeps_forward,
 )
-from appliance.cluster.wire import Forward, _Reader, _Writer, decode_body, encode
+from appliance.cluster.wire import Forward, decode_body, encode
 
 if TYPE_CHECKING:
     from appliance.broker.broker import Broker
@@ -46,18 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("appliance.cluster")
 Q2_TAGS, STRANDED_TAGS = "q2u", "str"
-
-
-def _pair(a: str, b: str) -> bytes:
-    w = _Writer()
-    w.text(a)
-    w.text(b)
-    return bytes(w.out)
-
-
-def _unpair(data: bytes) -> tuple[str, str]:
-    r = _Reader(data)
-    return r.text(), r.text()
 
 
 class IngressGuard:
@@ -208,7 +198,7 @@ class IngressGuard:
         key = f"{mark:020d}/"
         entry = encode(Forward(0, message, ()))
         self._stranded.setdefault(cid, {})[key] = entry
-        self.inner.kv_put(Q2_TAGS, f"{mark:020d}", _pair(cid, message.msg_id))
+        self.inner.kv_put(Q2_TAGS, f"{mark:020d}", encode_texts(cid, message.msg_id))
         self._send_qos2(cid, mark, encode_mark_op(mark, packet_id=pid, entry=entry), holds)
         self._q2_settle = (cid, key)
 
@@ -265,9 +255,7 @@ class IngressGuard:
             if not entries:
                 del self._stranded[cid]
         if self.broker is not None and cid in self.broker.sessions:
-            w = _Writer()
-            w.text(key)
-            self._session_op(cid, OP_STRANDED_DEL, bytes(w.out), False)
+            self._session_op(cid, OP_STRANDED_DEL, encode_texts(key), False)
 
     # -- stranded messages ---------------------------------------------------------------------------------------
     def _strand(self, node: str, fwd: Forward, frame: bytes | None = None) -> list[tuple[str, int]]:
@@ -288,7 +276,7 @@ class IngressGuard:
         entry = frame if frame is not None else encode(fwd)
         self._stranded.setdefault(pub, {})[key] = entry
         self._strand_keys[(node, fwd.seq)] = (pub, key)
-        self.inner.kv_put(STRANDED_TAGS, f"{node}/{fwd.seq:020d}", _pair(pub, key))
+        self.inner.kv_put(STRANDED_TAGS, f"{node}/{fwd.seq:020d}", encode_texts(pub, key))
         data = encode_mark_op(mark, key, entry)
         return [(peer, self._replicate(peer, pub, OP_STRANDED_ADD, data, False)) for peer in peers]
 
@@ -346,8 +334,8 @@ class IngressGuard:
     # -- restart ---------------------------------------------------------------------------------------------------
     def restore_ingress(self, kv: dict[str, dict[str, bytes]]) -> None:
         """Tags left by the previous run: hold every stream until they are reconciled with the claims."""
-        self._restored_q2 = {k: _unpair(v) for k, v in kv.get(Q2_TAGS, {}).items()}
-        self._restored_str = {k: _unpair(v) for k, v in kv.get(STRANDED_TAGS, {}).items()}
+        self._restored_q2 = {k: decode_text_pair(v) for k, v in kv.get(Q2_TAGS, {}).items()}
+        self._restored_str = {k: decode_text_pair(v) for k, v in kv.get(STRANDED_TAGS, {}).items()}
         for tag, (pub, key) in self._restored_str.items():
             node, seq = tag.rsplit("/", 1)
             self._strand_keys[(node, int(seq))] = (pub, key)

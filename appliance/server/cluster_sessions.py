@@ -60,7 +60,8 @@ SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a messag
 Lineage = tuple[int, dict[str, int], dict[str, int]]  # (claim origin, bases, ingress marks) of a session connecting
 
 
-def _key(seq: int) -> str:
+def seq_key(seq: int) -> str:
+    """A sequence number as a KV key that sorts in numeric order."""
     return f"{seq:020d}"
 
 
@@ -182,22 +183,22 @@ class SessionMigration:
         if whole:
             inner.kv_delete_ns(ns)
             for seq in copy.queue:
-                inner.kv_put(ns, _key(seq), copy.encoded(seq))
+                inner.kv_put(ns, seq_key(seq), copy.encoded(seq))
         elif rep.op == OP_ENQUEUE:
             if copy.last is not None:
-                inner.kv_put(ns, _key(copy.last), rep.data)
+                inner.kv_put(ns, seq_key(copy.last), rep.data)
         elif rep.op == OP_ENQUEUE_MANY:
             for seq in copy.added:
-                inner.kv_put(ns, _key(seq), copy.encoded(seq))
+                inner.kv_put(ns, seq_key(seq), copy.encoded(seq))
         elif rep.op == OP_UPDATE:
             seq = decode_update(rep.data)[0]
             if seq in copy.queue:
-                inner.kv_put(ns, _key(seq), copy.encoded(seq))
+                inner.kv_put(ns, seq_key(seq), copy.encoded(seq))
         elif rep.op == OP_REMOVE:
-            inner.kv_delete(ns, _key(decode_uint(rep.data)))
+            inner.kv_delete(ns, seq_key(decode_uint(rep.data)))
         elif rep.op == OP_REMOVE_MANY:
             for seq in decode_uints(rep.data):
-                inner.kv_delete(ns, _key(seq))
+                inner.kv_delete(ns, seq_key(seq))
 
     # -- takeover and migration ----------------------------------------------------------------------------------
     def prepare_connect(self, client_id: str, clean_start: bool) -> Coroutine[Any, Any, int] | None:

@@ -38,7 +38,7 @@ from appliance.store import SqliteStore
 
 from .cluster_ingress import IngressGuard
 from .cluster_replication import QueueReplication
-from .cluster_sessions import Lineage, SessionMigration
+from .cluster_sessions import Lineage, SessionMigration, seq_key
 from .cluster_store import ClusterStore
 from .config import Config, parse_hostport
 
@@ -49,10 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("appliance.cluster")
 SESSIONS, RETAINED = "sessions", "retained"
-
-
-def _key(seq: int) -> str:
-    return f"{seq:020d}"
 
 
 class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
@@ -269,7 +265,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             waiter = self._fwd_waiters[node] = lambda seq, _st: store.wait_done(node, seq, "f")
         fwd, frame = svc.forward_frame(node, message, clients, waiter)
         if message.qos:
-            self.inner.kv_put(f"fwd/{node}", _key(fwd.seq), frame)
+            self.inner.kv_put(f"fwd/{node}", seq_key(fwd.seq), frame)
             if svc.links.is_up(node) or not self.c["allow_publish"]:
                 store.add_wait(node, fwd.seq, "f")
             else:  # acknowledged with the target unreachable: its publisher's replicas keep it too
@@ -409,13 +405,13 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
                 [(fwd, waiters)] = sender.retarget([buffered.seq])
                 self._unstrand(old, fwd.seq)
                 if fwd.message.qos:
-                    self.inner.kv_delete(f"fwd/{old}", _key(fwd.seq))
+                    self.inner.kv_delete(f"fwd/{old}", seq_key(fwd.seq))
             else:
                 narrowed = sender.narrow(buffered.seq, cid)
                 assert narrowed is not None
                 fwd = narrowed
                 if fwd.message.qos:
-                    self.inner.kv_put(f"fwd/{old}", _key(fwd.seq), encode(fwd))
+                    self.inner.kv_put(f"fwd/{old}", seq_key(fwd.seq), encode(fwd))
             if new == self.node_id:
                 self._onward(fwd.message, self._deliver_here(fwd.message, (cid,)))
             else:
@@ -480,7 +476,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         """The peer acked: drop the forwards from the durable in-transit buffer."""
         for fwd in released:
             if fwd.message.qos:
-                self.inner.kv_delete(f"fwd/{peer}", _key(fwd.seq))
+                self.inner.kv_delete(f"fwd/{peer}", seq_key(fwd.seq))
                 if self._strand_keys:
                     self._unstrand(peer, fwd.seq)
             self._emit("forward_acked", message=fwd.message, peer_node=peer)
