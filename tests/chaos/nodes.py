@@ -190,8 +190,10 @@ class ClusterNodes(Nodes):
                             {"enabled": True, "name": cluster_name, "secret_file": str(secret), "mdns": True,
                              "bind": f"{self.lab.ip(i)}:{PEER_PORT}", "heartbeat_interval": 0.5,
                              "failure_timeout": 2.0})
+            for i in range(n):  # all at once: each spends seconds announcing itself on mDNS before it listens
+                self._spawn(i)
             for i in range(n):
-                self.start(i)
+                self._await_listening(i)
         except BaseException:
             self.close()
             raise
@@ -217,8 +219,15 @@ class ClusterNodes(Nodes):
             self.lab.kill(proc)
 
     def start(self, i: int) -> None:
-        proc = self.lab.spawn(i, self.argv(i), name="broker")
-        self.procs[i] = proc
+        self._spawn(i)
+        self._await_listening(i)
+
+    def _spawn(self, i: int) -> None:
+        self.procs[i] = self.lab.spawn(i, self.argv(i), name="broker")
+
+    def _await_listening(self, i: int) -> None:
+        proc = self.procs[i]
+        assert proc is not None
         deadline = time.monotonic() + START_TIMEOUT
         while "listening" not in proc.output():
             if not proc.alive():

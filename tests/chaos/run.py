@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import pickle
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +30,7 @@ from .nodes import ClusterNodes, LocalNode, Nodes
 from .workload import Spec
 
 OUT = Path(__file__).resolve().parent / "out"
+REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 45.0
 
 
@@ -104,8 +108,10 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
     workload: dict[str, Any] = {}
     nodes: Nodes | None = None
     proc = None
+    phases: dict[str, float] = {}  # seconds since t0 at the end of each phase (phases.json)
     try:
         nodes = make_nodes(config, workdir)
+        phases["nodes_up"] = time.monotonic() - t0
         spec = Spec(nodes=nodes.addresses(), out=str(workdir / "clients"), seed=config.seed,
                     traffic_s=config.traffic_s, drain_s=config.drain_s, rate=config.rate,
                     qos1_publishers=config.qos1_publishers, qos2_publishers=config.qos2_publishers,
@@ -115,11 +121,13 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
         proc, log = nodes.spawn_workload(spec_path, workdir / "workload.log")
         _wait_ready(proc, log, READY_TIMEOUT)
         ready = time.monotonic()
+        phases["ready"] = ready - t0
         nemesis = Nemesis(nodes, rng, ops=tuple(config.ops))
         if config.nemesis:
             nemesis.run(until=ready + config.traffic_s - 1.0)
         nemesis.heal()
         faults = nemesis.counts()
+        phases["healed"] = time.monotonic() - t0
         (workdir / "nemesis.json").write_text(json.dumps(nemesis.log, indent=1))
         try:
             proc.wait(max(1.0, ready + config.traffic_s + config.drain_s + 30 - time.monotonic()))
@@ -127,6 +135,7 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
             proc.kill()
             proc.wait(10)
             problems.append("workload overran its deadline")
+        phases["workload_done"] = time.monotonic() - t0
         text = log.read_text(errors="replace")
         done = [ln for ln in text.splitlines() if ln.startswith("DONE ")]
         if proc.returncode != 0 or not done:
@@ -147,10 +156,13 @@ def run_once(config: RunConfig, workdir: Path, index: int = 1) -> Outcome:
                 (workdir / "logs").mkdir(exist_ok=True)
                 (workdir / "logs" / name).write_text(text)
             nodes.close()
+            phases["nodes_down"] = time.monotonic() - t0
     history = workdir / "clients" / "history.jsonl"
     result = check(read_history(history)) if history.exists() else Result()
     if not history.exists():
         problems.append("no client history")
+    phases["checked"] = time.monotonic() - t0
+    (workdir / "phases.json").write_text(json.dumps({k: round(v, 2) for k, v in phases.items()}))
     return Outcome(index, config, workdir, result, faults, problems, workload, time.monotonic() - t0)
 
 
@@ -163,6 +175,7 @@ class Totals:
     faults: Counter[str] = field(default_factory=Counter)
     failed: list[Outcome] = field(default_factory=list)
     wall_s: float = 0.0
+    interrupted: bool = False
 
     def add(self, outcome: Outcome) -> None:
         """Count one run."""
@@ -181,25 +194,101 @@ class Totals:
                 f"wall={self.wall_s:.0f}s")
 
 
-def run_many(configs: list[RunConfig], out: Path, keep: bool = False, say: Any = print) -> Totals:
-    """Run each config in a fresh directory; failing runs' directories are moved under `out`, others deleted."""
+def _settle(outcome: Outcome, out: Path, keep: bool, say: Any, totals: Totals) -> None:
+    """Print and count one finished run; move a failing (or, with keep, any) run's directory under `out`."""
+    say(outcome.line())
+    totals.add(outcome)
+    if outcome.passed and not keep:
+        shutil.rmtree(outcome.workdir, ignore_errors=True)
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    dest = out / f"{'kept' if outcome.passed else 'failed'}-{stamp}-run{outcome.index}-seed{outcome.config.seed}"
+    shutil.move(str(outcome.workdir), dest)
+    outcome.workdir = dest
+    if not outcome.passed:
+        say(f"  kept logs in {dest}")
+
+
+def run_many(configs: list[RunConfig], out: Path, keep: bool = False, say: Any = print, jobs: int = 1,
+             stop_at: float | None = None) -> Totals:
+    """Run each config in a fresh directory, `jobs` at a time; failing runs' directories are moved under `out`,
+    others deleted. No run starts after monotonic time `stop_at`."""
     totals = Totals()
     out.mkdir(parents=True, exist_ok=True)
+    if jobs > 1:
+        totals.interrupted = run_parallel(configs, jobs, stop_at, lambda o: _settle(o, out, keep, say, totals))
+        return totals
     for i, config in enumerate(configs, 1):
+        if stop_at is not None and time.monotonic() >= stop_at:
+            break
         workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
-        outcome = run_once(config, workdir, i)
-        say(outcome.line())
-        totals.add(outcome)
-        if outcome.passed and not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-            continue
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        dest = out / f"{'kept' if outcome.passed else 'failed'}-{stamp}-run{i}-seed{config.seed}"
-        shutil.move(str(workdir), dest)
-        outcome.workdir = dest
-        if not outcome.passed:
-            say(f"  kept logs in {dest}")
+        _settle(run_once(config, workdir, i), out, keep, say, totals)
     return totals
+
+
+def _spawn_worker(index: int, config: RunConfig) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start one run in its own process: its own pid names its namespaces (tests/harness/netns.py), so runs at once
+    never share a namespace, bridge or address space."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
+    (workdir / "job.json").write_text(json.dumps({"index": index, "config": asdict(config)}))
+    with (workdir / "runner.log").open("wb") as log:
+        # imported, not run as __main__, so the pickled outcome names tests.chaos.run's classes
+        boot = f"from tests.chaos.run import main; raise SystemExit(main(['--one', {str(workdir)!r}]))"
+        proc = subprocess.Popen([sys.executable, "-c", boot], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+    return proc, workdir
+
+
+def _collect(index: int, config: RunConfig, proc: subprocess.Popen[bytes], workdir: Path) -> Outcome:
+    """The outcome a worker pickled, or a failed run naming how the worker ended."""
+    path = workdir / "outcome.pickle"
+    if proc.returncode == 0 and path.exists():
+        outcome: Outcome = pickle.loads(path.read_bytes())
+        path.unlink()
+        return outcome
+    tail = (workdir / "runner.log").read_text(errors="replace").strip().splitlines()[-3:]
+    return Outcome(index, config, workdir, Result(), problems=[f"harness: worker exited {proc.returncode}: {tail}"])
+
+
+def run_parallel(configs: list[RunConfig], jobs: int, stop_at: float | None, settle: Any) -> bool:
+    """Keep `jobs` worker processes busy until every config ran (or `stop_at` passed); settle each outcome as it
+    arrives. Interrupted (SIGTERM / Ctrl-C), it stops the workers, whose runs clean up, counts no partial run and
+    returns True."""
+    pending = list(enumerate(configs, 1))
+    pending.reverse()
+    running: dict[int, tuple[RunConfig, subprocess.Popen[bytes], Path]] = {}
+    try:
+        while running or (pending and (stop_at is None or time.monotonic() < stop_at)):
+            while pending and len(running) < jobs and (stop_at is None or time.monotonic() < stop_at):
+                index, config = pending.pop()
+                running[index] = (config, *_spawn_worker(index, config))
+            time.sleep(0.2)
+            for index in [i for i, (_, proc, _) in running.items() if proc.poll() is not None]:
+                config, proc, workdir = running.pop(index)
+                settle(_collect(index, config, proc, workdir))
+    except (KeyboardInterrupt, SystemExit):
+        return True
+    finally:
+        for _, proc, _ in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for _, proc, workdir in running.values():
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            shutil.rmtree(workdir, ignore_errors=True)
+    return False
+
+
+def worker(workdir: Path) -> int:
+    """One run of a --jobs batch: read job.json, run, pickle the outcome next to it."""
+    job = json.loads((workdir / "job.json").read_text())
+    config = RunConfig(**{**job["config"], "ops": tuple(job["config"]["ops"])})
+    outcome = run_once(config, workdir, job["index"])
+    (workdir / "outcome.pickle").write_bytes(pickle.dumps(outcome))
+    return 0
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -222,16 +311,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", default="", help="comma-separated nemesis ops (kill,stop,partition,isolate)")
     p.add_argument("--keep", action="store_true", help="keep passing runs' directories too")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, each in its own process, namespaces and bridge (default 1)")
+    p.add_argument("--stop-after-s", type=float, default=None,
+                   help="start no run after this many seconds; runs under way finish and are counted")
+    p.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # a --jobs worker's run directory
     args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
+    if args.one is not None:
+        return worker(args.one)
+    if args.runs < 1 or args.jobs < 1:
+        p.error("--runs and --jobs must be at least 1")
     seed0 = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     configs = [RunConfig(nodes=args.nodes, traffic_s=args.traffic_s, drain_s=args.drain_s, seed=seed0 + i,
                          deliverylog=args.deliverylog, nemesis=not args.no_nemesis, rate=args.rate,
                          ops=tuple(op for op in args.ops.split(",") if op))
                for i in range(args.runs)]
-    totals = run_many(configs, args.out, args.keep, lambda s: print(s, flush=True))
+    t0 = time.monotonic()
+    stop_at = None if args.stop_after_s is None else t0 + args.stop_after_s
+    totals = run_many(configs, args.out, args.keep, lambda s: print(s, flush=True), args.jobs, stop_at)
     print(totals.line(args.nodes), flush=True)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"chaos batch: jobs={args.jobs} elapsed={time.monotonic() - t0:.0f}s runs_done={totals.runs} "
+          f"of {args.runs}{' (interrupted)' if totals.interrupted else ''} load={load}", flush=True)
     if totals.failed:
         print(f"failed runs: {[o.index for o in totals.failed]} (logs under {args.out})")
     return 1 if totals.failed else 0
