@@ -68,16 +68,19 @@ class Nemesis:
             other = self.rng.choice([j for j in range(n) if j != node])
             entry["other"] = other
             self.nodes.partition(node, other)
+            entry["applied"] = round(time.monotonic() - self.t0, 2)
             time.sleep(hold)
             self.nodes.heal_all()
         elif op == "isolate":
             for j in range(n):
                 if j != node:
                     self.nodes.partition(node, j)
+            entry["applied"] = round(time.monotonic() - self.t0, 2)
             time.sleep(hold)
             self.nodes.heal_all()
         else:
             raise ValueError(f"unknown nemesis op {op!r}")
+        entry["end"] = round(time.monotonic() - self.t0, 2)  # undone (under load, later than t + hold)
         self.log.append(entry)
 
     def heal(self) -> None:

@@ -37,6 +37,12 @@ def test_partition_between_two_nodes_leaves_the_third_connected(netns_lab) -> No
     assert not reachable(lab, 0, 2)
     lab.rejoin(2)
     assert reachable(lab, 0, 2)
+    lab.partition(0, 1)
+    lab.partition(1, 2)
+    lab.isolate(0)
+    assert not reachable(lab, 1, 2) and not reachable(lab, 2, 0)
+    lab.heal_all()
+    assert reachable(lab, 0, 1) and reachable(lab, 1, 2) and reachable(lab, 2, 0)
 
 
 _LISTEN = (

@@ -41,9 +41,9 @@ def netns_unavailable() -> str | None:
 
 
 def _run(*argv: str, check: bool = True, timeout: float = 30, cwd: Path | None = None,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+         env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run a command, raising with its stderr on failure."""
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, input=stdin)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
@@ -120,6 +120,8 @@ class Lab:
     owner: int = field(default_factory=os.getpid)
     processes: list[NodeProcess] = field(default_factory=list)
     _up: bool = False
+    _split: set[int] = field(default_factory=set)  # nodes whose namespace holds the partition table
+    _down: set[int] = field(default_factory=set)  # nodes whose link isolate() took down
 
     # -- names -------------------------------------------------------------------------------------------------
     @property
@@ -230,24 +232,24 @@ class Lab:
     def isolate(self, i: int) -> None:
         """Cut node i off from everyone: its veth goes down on the bridge side."""
         _run("ip", "-n", self.hub, "link", "set", self._veth_hub(i), "down")
+        self._down.add(i)
 
     def rejoin(self, i: int) -> None:
         """Undo isolate(i)."""
         _run("ip", "-n", self.hub, "link", "set", self._veth_hub(i), "up")
+        self._down.discard(i)
 
     def partition(self, i: int, j: int) -> None:
         """Drop all traffic between nodes i and j (nftables in both namespaces), multicast included."""
-        for a, b in ((i, j), (j, i)):
-            table = f"{PREFIX}_split"
-            nft = ("ip", "netns", "exec", self.ns(a), "nft")
-            _run(*nft, "add", "table", "inet", table)
-            for hook in ("input", "output"):
-                _run(*nft, "add", "chain", "inet", table, hook,
-                     f"{{ type filter hook {hook} priority 0 ; policy accept ; }}")
-            _run(*nft, "add", "rule", "inet", table, "input", "ip", "saddr", self.ip(b), "drop",
-                 "comment", f'"peer{b}"')
-            _run(*nft, "add", "rule", "inet", table, "output", "ip", "daddr", self.ip(b), "drop",
-                 "comment", f'"peer{b}"')
+        table = f"{PREFIX}_split"
+        for a, b in ((i, j), (j, i)):  # one atomic nft batch per namespace
+            chains = [f"add chain inet {table} {hook} {{ type filter hook {hook} priority 0 ; policy accept ; }}"
+                      for hook in ("input", "output")]
+            script = [f"add table inet {table}", *chains,
+                      f'add rule inet {table} input ip saddr {self.ip(b)} drop comment "peer{b}"',
+                      f'add rule inet {table} output ip daddr {self.ip(b)} drop comment "peer{b}"']
+            _run("ip", "netns", "exec", self.ns(a), "nft", "-f", "-", stdin="\n".join(script) + "\n")
+            self._split.add(a)
 
     def heal(self, i: int, j: int) -> None:
         """Undo partition(i, j)."""
@@ -261,9 +263,11 @@ class Lab:
                     self.exec(a, "nft", "delete", "rule", "inet", table, chain, "handle", m.group(1))
 
     def heal_all(self) -> None:
-        """Remove every partition and bring every node's link up."""
-        for i in range(self.n):
+        """Remove every partition and bring every node's link up (only partition / isolate change them)."""
+        for i in sorted(self._split):
             self.exec(i, "nft", "delete", "table", "inet", f"{PREFIX}_split", check=False)
+        self._split.clear()
+        for i in sorted(self._down):
             self.rejoin(i)
 
 
