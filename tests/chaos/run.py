@@ -9,17 +9,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import pickle
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ from .nodes import ClusterNodes, LocalNode, Nodes
 from .workload import Spec
 
 OUT = Path(__file__).resolve().parent / "out"
-REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 45.0
 
 
@@ -226,28 +226,40 @@ def run_many(configs: list[RunConfig], out: Path, keep: bool = False, say: Any =
     return totals
 
 
-def _spawn_worker(index: int, config: RunConfig) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start one run in its own process: its own pid names its namespaces (tests/harness/netns.py), so runs at once
+_FORK = multiprocessing.get_context("fork")  # the worker starts with the harness already imported
+
+
+def _spawn_worker(index: int, config: RunConfig) -> tuple[BaseProcess, Path]:
+    """Start one run in a forked process: its own pid names its namespaces (tests/harness/netns.py), so runs at once
     never share a namespace, bridge or address space."""
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
     (workdir / "job.json").write_text(json.dumps({"index": index, "config": asdict(config)}))
-    with (workdir / "runner.log").open("wb") as log:
-        # imported, not run as __main__, so the pickled outcome names tests.chaos.run's classes
-        boot = f"from tests.chaos.run import main; raise SystemExit(main(['--one', {str(workdir)!r}]))"
-        proc = subprocess.Popen([sys.executable, "-c", boot], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+    sys.stdout.flush()
+    proc = _FORK.Process(target=_work, args=(workdir, index, config), name=f"chaos-run-{index}")
+    proc.start()
     return proc, workdir
 
 
-def _collect(index: int, config: RunConfig, proc: subprocess.Popen[bytes], workdir: Path) -> Outcome:
+def _work(workdir: Path, index: int, config: RunConfig) -> None:
+    """A worker's body: output to runner.log, SIGTERM unwinds the run (its nodes and namespaces go), outcome pickled."""
+    log = os.open(workdir / "runner.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    outcome = run_once(config, workdir, index)
+    (workdir / "outcome.pickle").write_bytes(pickle.dumps(outcome))
+
+
+def _collect(index: int, config: RunConfig, proc: BaseProcess, workdir: Path) -> Outcome:
     """The outcome a worker pickled, or a failed run naming how the worker ended."""
     path = workdir / "outcome.pickle"
-    if proc.returncode == 0 and path.exists():
+    if proc.exitcode == 0 and path.exists():
         outcome: Outcome = pickle.loads(path.read_bytes())
         path.unlink()
         return outcome
-    tail = (workdir / "runner.log").read_text(errors="replace").strip().splitlines()[-3:]
-    return Outcome(index, config, workdir, Result(), problems=[f"harness: worker exited {proc.returncode}: {tail}"])
+    log = workdir / "runner.log"
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+    return Outcome(index, config, workdir, Result(), problems=[f"harness: worker exited {proc.exitcode}: {tail}"])
 
 
 def run_parallel(configs: list[RunConfig], jobs: int, stop_at: float | None, settle: Any) -> bool:
@@ -256,39 +268,30 @@ def run_parallel(configs: list[RunConfig], jobs: int, stop_at: float | None, set
     returns True."""
     pending = list(enumerate(configs, 1))
     pending.reverse()
-    running: dict[int, tuple[RunConfig, subprocess.Popen[bytes], Path]] = {}
+    running: dict[int, tuple[RunConfig, BaseProcess, Path]] = {}
     try:
         while running or (pending and (stop_at is None or time.monotonic() < stop_at)):
             while pending and len(running) < jobs and (stop_at is None or time.monotonic() < stop_at):
                 index, config = pending.pop()
                 running[index] = (config, *_spawn_worker(index, config))
             time.sleep(0.2)
-            for index in [i for i, (_, proc, _) in running.items() if proc.poll() is not None]:
+            for index in [i for i, (_, proc, _) in running.items() if proc.exitcode is not None]:
                 config, proc, workdir = running.pop(index)
+                proc.join()
                 settle(_collect(index, config, proc, workdir))
     except (KeyboardInterrupt, SystemExit):
         return True
     finally:
         for _, proc, _ in running.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+            if proc.exitcode is None:
+                proc.terminate()
         for _, proc, workdir in running.values():
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
+            proc.join(90)
+            if proc.exitcode is None:
                 proc.kill()
-                proc.wait(10)
+                proc.join(10)
             shutil.rmtree(workdir, ignore_errors=True)
     return False
-
-
-def worker(workdir: Path) -> int:
-    """One run of a --jobs batch: read job.json, run, pickle the outcome next to it."""
-    job = json.loads((workdir / "job.json").read_text())
-    config = RunConfig(**{**job["config"], "ops": tuple(job["config"]["ops"])})
-    outcome = run_once(config, workdir, job["index"])
-    (workdir / "outcome.pickle").write_bytes(pickle.dumps(outcome))
-    return 0
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -315,10 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs at once, each in its own process, namespaces and bridge (default 1)")
     p.add_argument("--stop-after-s", type=float, default=None,
                    help="start no run after this many seconds; runs under way finish and are counted")
-    p.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # a --jobs worker's run directory
     args = p.parse_args(argv)
-    if args.one is not None:
-        return worker(args.one)
     if args.runs < 1 or args.jobs < 1:
         p.error("--runs and --jobs must be at least 1")
     seed0 = args.seed if args.seed is not None else int(time.time()) % 1_000_000
