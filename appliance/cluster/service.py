@@ -274,7 +274,7 @@ class ClusterService:
         barriers = self._barriers.get(peer)
         if not barriers or kind != "f":  # replica streams are never held by hold(): they carry what releases it
             return None
-        return barriers[0][1]
+        return min(barrier[1] for barrier in barriers)
 
     def _defer_or_send(self, peer: str, kind: str, msg: ClusterMessage, seq: int, frame: bytes | None) -> None:
         limit = self._limit(peer, kind) if (self._hold_all or self._barriers) else None
@@ -288,13 +288,14 @@ class ClusterService:
         else:
             self.links.async_send(peer, msg)
 
-    def hold(self, peer: str) -> int:
-        """Forwards submitted to the peer from now on stay buffered until release(peer, token) of this and every
-        earlier hold of the peer (forwards submitted before a hold are not held by it); return the token. Replica
-        operations are not held (holding them could make two holds wait for each other's release)."""
+    def hold(self, peer: str, buffered: bool = False) -> int:
+        """Forwards submitted to the peer from now on (with `buffered`, those buffered already too) stay unsent until
+        release(peer, token) of every hold that covers them; return the token. Replica operations are not held
+        (holding them could make two holds wait for each other's release)."""
         self._hold_seq += 1
         sender = self.senders.get(peer)
-        self._barriers.setdefault(peer, []).append([self._hold_seq, sender.next_seq if sender else 0])
+        first = 0 if buffered or sender is None else sender.next_seq
+        self._barriers.setdefault(peer, []).append([self._hold_seq, first])
         return self._hold_seq
 
     def release(self, peer: str, token: int) -> None:

@@ -57,6 +57,7 @@ SESSIONS = "sessions"
 FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
 RELEASED_PUSH_S = 300.0  # a session let go this recently has its claim pushed to every peer that links up
 SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
+RESUME_HOLD_TIMEOUTS = 3  # failure_timeouts a resume we did not object to may take (the asker waits 2 for answers)
 Lineage = tuple[int, dict[str, int], dict[str, int]]  # (claim origin, bases, ingress marks) of a session connecting
 
 
@@ -81,6 +82,8 @@ class SessionMigration:
     _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
     _seen: dict[str, OrderedDict[str, None]]
     _rep_due: dict[str, int]  # peer -> last replica operation applied in this loop iteration
+    _resumes: dict[str, list[tuple[str, str, int, int]]]  # client id -> [(asker, owner, token, request)]
+    _ups: dict[str, int]  # peer -> how many times its link came up
     r: int
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
     _request_id: int
@@ -238,9 +241,11 @@ class SessionMigration:
         if sent:
             log.warning("minority side: %d persistent subscribers sent to another node (0x9C)", sent)
 
-    async def _async_ask(self, peer: str, cid: str, clean_start: bool) -> tuple[int, bytes] | None:
-        self._request_id += 1
-        request_id = self._request_id
+    async def _async_ask(self, peer: str, cid: str, clean_start: bool,
+                         request_id: int = 0) -> tuple[int, bytes] | None:
+        if not request_id:
+            self._request_id += 1
+            request_id = self._request_id
         future: asyncio.Future[tuple[int, bytes] | None] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = (future, peer, clean_start)
         if not self.svc.send(peer, SessionTakeover(request_id, cid, self.node_id, clean_start)):
@@ -289,7 +294,14 @@ class SessionMigration:
             candidates.append(local)
         peers = [p for p in self.svc.links.up_peers() if p != owner]
         owner_alive = unanswered = False
-        for answer in await asyncio.gather(*(self._async_ask(p, cid, False) for p in peers)):
+        ups = self._ups.get(owner, 0)
+        asks = {}
+        for peer in peers:
+            self._request_id += 1
+            asks[peer] = self._request_id
+        answers = await asyncio.gather(*(self._async_ask(p, cid, False, asks[p]) for p in peers))
+        let_go = [p for p, answer in zip(peers, answers, strict=True) if answer is not None and answer[0] != OWNER_UP]
+        for answer in answers:
             if answer is None:
                 unanswered = True  # that peer might reach the owner: we cannot tell it is gone
                 continue
@@ -301,11 +313,16 @@ class SessionMigration:
                 owner_alive = True
         if cid in (self.broker.sessions if self.broker else {}):
             return ReasonCode.SUCCESS
-        if owner_alive or unanswered:
+        if owner_alive or unanswered or self._ups.get(owner, 0) != ups or not self._reaches_half():
             # Only our link to the owner is down: the session lives on there, so resuming a copy here would
-            # fork it. The client retries (on another node, or here once the link is back).
+            # fork it. The client retries (on another node, or here once the link is back). The same if the
+            # owner linked up meanwhile (it may have queued our resent forwards as its own) or we were cut off.
             log.warning("CONNECT %s refused: owner %s %s", cid, owner,
-                        "is alive but unreachable from here" if owner_alive else "may be alive (a peer did not answer)")
+                        "is alive but unreachable from here" if owner_alive
+                        else "may be alive (a peer did not answer)" if unanswered
+                        else "linked up meanwhile" if self._ups.get(owner, 0) != ups else "is beyond a split")
+            for peer in let_go:  # they need not hold their forwards to the owner for us any longer
+                self.svc.send(peer, SessionDone(asks[peer], cid))
             return ReasonCode.SERVER_UNAVAILABLE
         if candidates:
             best = freshest(candidates)
@@ -362,9 +379,11 @@ class SessionMigration:
                 claim = self.claims[cid]
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
             elif cid in self.copies:
+                self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
                 data = bytes([FROM_COPY]) + encode_copy(self.copies[cid])
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
             else:
+                self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
                 self.svc.send(peer, SessionState(msg.request_id, cid, False, b""))
         elif isinstance(msg, SessionState):
             pending = self._requests.get(msg.request_id)
@@ -376,8 +395,44 @@ class SessionMigration:
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0
                 pending[0].set_result((kind, msg.data[1:]))
-        elif isinstance(msg, SessionDone) and self._handing.get(msg.client_id, ("", b""))[0] == peer:
-            del self._handing[msg.client_id]
+        elif isinstance(msg, SessionDone):
+            if msg.request_id and self._end_resume_holds(msg.client_id, peer, msg.request_id):
+                return  # the asker did not resume the session after all
+            if self._handing.get(msg.client_id, ("", b""))[0] == peer:
+                del self._handing[msg.client_id]
+
+    # -- heal-time hold ------------------------------------------------------------------------------------------
+    def _hold_for_resume(self, cid: str, asker: str, clean_start: bool, request_id: int) -> None:
+        """We answered `asker` without objecting to its resuming `cid` from a replica (its owner is unreachable
+        here). Until its claim arrives (or it gives up, or RESUME_HOLD_TIMEOUTS pass) our forwards to the owner,
+        buffered ones included, stay unsent: at a link-up that crossed our answer the owner would queue them as
+        its own and hand them over only once it learnt the new claim, after newer ones (chaos 8033). Held, they
+        follow the claim (retargeted, in order, before anything newer)."""
+        claim = self.claims.get(cid)
+        if clean_start or claim is None or not claim.persistent or claim.owner in (self.node_id, asker, ""):
+            return
+        token = self.svc.hold(claim.owner, buffered=True)
+        self._resumes.setdefault(cid, []).append((asker, claim.owner, token, request_id))
+        asyncio.get_running_loop().call_later(RESUME_HOLD_TIMEOUTS * self.c["failure_timeout"],
+                                              self._end_resume_holds, cid, "", 0, token)
+
+    def _end_resume_holds(self, cid: str, asker: str = "", request_id: int = 0, token: int = 0,
+                          owner: str = "") -> bool:
+        """Release heal-time holds of `cid`: those of one asker's request, one token, or those for a node that no
+        longer owns it (`owner`: the new claim's); forwards no other hold covers go out in order. True if any."""
+        kept, ended = [], False
+        for entry in self._resumes.get(cid, []):
+            if ((asker and (entry[0], entry[3]) != (asker, request_id)) or (token and entry[2] != token)
+                    or (owner and owner == entry[1])):
+                kept.append(entry)
+            else:
+                self.svc.release(entry[1], entry[2])
+                ended = True
+        if kept:
+            self._resumes[cid] = kept
+        else:
+            self._resumes.pop(cid, None)
+        return ended
 
     def _on_handover(self, peer: str, cid: str, data: bytes, clean: bool, waiting: bool) -> None:
         """The owner let a session go to us: adopt it now, in stream order, even if we gave up asking (it is gone

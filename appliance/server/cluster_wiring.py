@@ -77,6 +77,8 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self._handing: dict[str, tuple[str, bytes]] = {}
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
+        self._resumes: dict[str, list[tuple[str, str, int, int]]] = {}  # heal-time holds (SessionMigration)
+        self._ups: dict[str, int] = {}
         self._requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]] = {}
         self._request_id = 0
         self._seq_base = int(time.time() * 1_000_000)  # stream seqs keep growing across restarts
@@ -331,7 +333,10 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             self._apply_retained(key, dvv.resolve(clock, retained_order) if clock is not None else None)
         elif space == SESSIONS:
             value = dvv.resolve(clock, claim_order) if clock is not None else None
-            self._apply_claim(key, decode_claim(value) if value is not None else None)
+            claim = decode_claim(value) if value is not None else None
+            self._apply_claim(key, claim)
+            if key in self._resumes:  # a resume we did not object to: held forwards were retargeted just now
+                self._end_resume_holds(key, owner=claim.owner if claim is not None else "")
 
     def _apply_retained(self, topic: str, value: bytes | None) -> None:
         broker = self.broker
@@ -487,6 +492,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self._emit("peer_up" if up else "peer_down", peer_node=peer)
         log.info("peer %s %s", peer, "up" if up else "down")
         if up:
+            self._ups[peer] = self._ups.get(peer, 0) + 1
             self._resend_handovers(peer)
         if not up:
             if self._fenced():
