@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -12,7 +13,7 @@ from dataclasses import asdict
 
 from .identity import Identity, clock_sync_probe
 from .segments import write_all
-from .worker import FrameReader, send, unpack
+from .worker import FrameReader, send
 from .writer import DeliveryLogError, Limits, SegmentWriter
 
 TICK_S = 0.2
@@ -59,12 +60,14 @@ def main() -> int:
     except (DeliveryLogError, OSError) as exc:
         send(out, b"E", str(exc).encode())
         return 1
+    gc.collect()
+    gc.freeze()  # modules and set-up live as long as we do: collections need not walk them
     try:
         return _serve(reader, out, writer)
     except BrokenPipeError:  # the parent died while we answered: write what it sent, close the segment cleanly
         while (frame := reader.read()) is not None:
             if frame[0] == b"B":
-                writer.write(unpack(frame[1]))
+                writer.write_packed(frame[1])
         writer.close()
         return 0
 
@@ -86,7 +89,7 @@ def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
             return 0
         kind, payload = frame
         if kind == b"B":
-            writer.write(unpack(payload))
+            writer.write_packed(payload)
         elif kind == b"L":
             reason, events = json.loads(payload)
             writer.record_loss(reason, events)

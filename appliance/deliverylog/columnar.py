@@ -6,13 +6,14 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from .batch import NULLABLE, nullable_columns
 from .identity import Identity
+from .journal import Journal
 from .schema import FIELDS, SCHEMA_VERSION, field_problem
 
 ROW_GROUP_EVENTS = 65_536  # rows per row group: bounds the writer's memory, keeps dictionaries and deltas effective
 _ARROW_TYPES = {"string": "string", "int": "int32", "long": "int64", "boolean": "bool_"}
 WRITER_COLUMNS = ("event_id", "ts_wall_us", "ts_mono_us", "clock_synced", "kind")
-NULLABLE = tuple(name for name, (_, nullable) in FIELDS.items() if nullable)
 # Unique or ever-growing columns: no dictionary; strings share prefixes, clocks and counters grow by small steps.
 _DELTA = {"event_id": "DELTA_BYTE_ARRAY", "ts_wall_us": "DELTA_BINARY_PACKED", "ts_mono_us": "DELTA_BINARY_PACKED"}
 WRITE_OPTIONS: dict[str, Any] = {
@@ -85,38 +86,56 @@ class ParquetSegment:
 
     def add(self, kinds: list[str], walls: list[int], monos: list[int], synced: bool | list[bool],
             fields: list[dict[str, Any]], event_ids: list[str] | None = None) -> None:
-        """Buffer one chunk of events (numbered from next_counter unless event_ids are given) as an Arrow batch."""
-        n = len(kinds)
-        if not n:
+        """Buffer one chunk of events given as field dicts (numbered from next_counter unless event_ids are given)."""
+        if not kinds:
             return
         pa = self._pa
         try:  # one C++ pass over the field dicts
-            nullable = pa.array(fields, self._nullable)
+            nullable = pa.array(fields, self._nullable).flatten()
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-            arrays = []
+            nullable = []
             for name in NULLABLE:  # some value does not fit its column: find it, column by column
                 array, bad = _column(pa, name, [r.get(name) for r in fields], self.schema.field(name).type)
-                arrays.append(array)
+                nullable.append(array)
                 self.bad_values += bad
-            nullable = pa.StructArray.from_arrays(arrays, fields=list(self._nullable))
+        self._append(kinds, pa.array(walls, pa.int64()), pa.array(monos, pa.int64()), synced, nullable, event_ids)
+
+    def add_flat(self, flat: list[Any], synced: bool, seq_property: str) -> int:
+        """Buffer a flat batch [kind, wall ns, mono ns, fields, ...] column by column; returns fields dropped."""
+        if not flat:
+            return 0
+        pa = self._pa
+        kinds = flat[0::4]
+        nullable, dropped = nullable_columns(pa, kinds, flat[3::4], seq_property)
+        walls = pa.compute.divide(pa.array(flat[1::4], pa.int64()), 1000)  # integer division: ns -> us
+        monos = pa.compute.divide(pa.array(flat[2::4], pa.int64()), 1000)
+        self._append(kinds, walls, monos, synced, nullable, None)
+        return dropped
+
+    def _append(self, kinds: list[str], walls: Any, monos: Any, synced: bool | list[bool], nullable: list[Any],
+                event_ids: list[str] | None) -> None:
+        """Buffer one chunk as an Arrow batch of the writer's columns and the nullable ones."""
+        pa = self._pa
+        n = len(kinds)
         if event_ids is not None:
             ids = pa.array(event_ids, pa.string())
         else:
             counters = pa.array(range(self.next_counter, self.next_counter + n), pa.int64())
             ids = pa.compute.binary_join_element_wise(self.event_prefix, counters.cast(pa.string()), "")
+        try:
+            kind_array = pa.array(kinds, pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            kind_array = pa.array([str(k) for k in kinds], pa.string())
         self._batches.append(pa.RecordBatch.from_arrays([
-            ids,
-            pa.array(walls, pa.int64()),
-            pa.array(monos, pa.int64()),
+            ids, walls, monos,
             pa.array(synced, pa.bool_()) if isinstance(synced, list) else pa.repeat(pa.scalar(synced), n),
-            pa.array(kinds, pa.string()),
-            nullable,
-        ], names=["event_id", "ts_wall_us", "ts_mono_us", "clock_synced", "kind", "nullable"]))
+            kind_array, *nullable,
+        ], names=[*WRITER_COLUMNS, *NULLABLE]))
         self.next_counter += n
         self.buffered += n
 
     def _table(self, chunks: Any) -> Any:
-        """The buffered chunks (one Arrow table) as a schema-v1 table: constants and nullable columns filled in."""
+        """The buffered chunks (one Arrow table) as a schema-v1 table: the identity's constant columns filled in."""
         pa = self._pa
         n = chunks.num_rows
         ident = self.identity
@@ -124,11 +143,9 @@ class ParquetSegment:
             "schema_version": SCHEMA_VERSION, "source": ident.source, "fleet": ident.fleet, "device": ident.device,
             "node": ident.node, "firmware": ident.firmware, "boot_id": ident.boot_id,
         }
-        columns: dict[str, Any] = {name: chunks[name] for name in WRITER_COLUMNS}
+        columns: dict[str, Any] = {name: chunks[name] for name in (*WRITER_COLUMNS, *NULLABLE)}
         for name, value in constant.items():
             columns[name] = pa.repeat(pa.scalar(value, self.schema.field(name).type), n)
-        nullable = chunks["nullable"].combine_chunks()
-        columns.update(zip(NULLABLE, nullable.flatten(), strict=True))
         return pa.Table.from_arrays([columns[f.name] for f in self.schema], schema=self.schema)
 
     def flush_row_group(self, limit: int = ROW_GROUP_EVENTS) -> None:
@@ -231,12 +248,48 @@ def records_to_parquet(records: list[dict[str, Any]], final_path: str) -> tuple[
     return size, seg.bad_values
 
 
+def _journal_segment(journal: Journal, final_path: str, flush: bool) -> ParquetSegment:
+    """A ParquetSegment holding a binary journal's good batches (row groups written as they fill when `flush`)."""
+    head = dict(journal.identity or {})
+    seq_property = str(head.pop("seq_property", "seq"))
+    seg = ParquetSegment(final_path, Identity(**head), journal.first_counter)
+    for batch in journal.batches:
+        seg.bad_values += seg.add_flat(batch.flat, batch.synced, seq_property)
+        if flush and seg.buffered >= ROW_GROUP_EVENTS:
+            seg.flush_row_group()
+    return seg
+
+
+def journal_to_parquet(journal: Journal, final_path: str) -> tuple[int, int]:
+    """Write a binary journal's good batches as a Parquet segment; returns (size, values dropped)."""
+    seg = _journal_segment(journal, final_path, flush=True)
+    try:
+        size = seg.finish()
+    except BaseException:
+        seg.abort()
+        raise
+    return size, seg.bad_values
+
+
+def journal_records(journal: Journal) -> list[dict[str, Any]]:
+    """A binary journal's good records as a Parquet segment would give them back."""
+    if not journal.batches:
+        return []
+    seg = _journal_segment(journal, "", flush=False)
+    table = seg._table(seg._pa.Table.from_batches(seg._batches))
+    return _without_nulls(table.to_pylist())
+
+
+def _without_nulls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with absent (null) nullable fields left out, like in a JSON line."""
+    return [{k: v for k, v in row.items() if v is not None or not FIELDS.get(k, ("", True))[1]} for row in rows]
+
+
 def read_parquet_records(path: str) -> list[dict[str, Any]]:
     """The records of a Parquet segment, in file order, absent (null) nullable fields left out like in a JSON line."""
     import pyarrow.parquet as pq
 
-    rows = pq.read_table(path).to_pylist()
-    return [{k: v for k, v in row.items() if v is not None or not FIELDS.get(k, ("", True))[1]} for row in rows]
+    return _without_nulls(pq.read_table(path).to_pylist())
 
 
 def parquet_rows(path: str) -> int:

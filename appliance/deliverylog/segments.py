@@ -1,7 +1,7 @@
 """Segment files on disk: names, crash-safe file helpers, tolerant reading and recovery of truncated `.part` files.
 
-The open segment is always a gzip JSON Lines journal (`.jsonl.gz.part`); a closed segment is `.jsonl.gz` or
-`.parquet` depending on the writer's format.
+The open segment (`.jsonl.gz.part`) is a gzip JSON Lines journal, or in Parquet format a binary one (journal.py);
+a closed segment is `.jsonl.gz` or `.parquet` depending on the writer's format.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from .journal import is_journal, read_journal
 from .schema import normalized
 
 SUFFIX = ".jsonl.gz"
@@ -141,10 +142,13 @@ def _feed(decomp: Any, chunk: bytes, out: list[bytes]) -> bool:
     return False
 
 
-def _decompress_tolerant(path: str) -> tuple[bytes, bool]:
-    """The data of the file's gzip members up to any damage, and whether every member ended cleanly."""
+def _read(path: str) -> bytes:
     with open(path, "rb") as f:
-        data = f.read()
+        return f.read()
+
+
+def _decompress_tolerant(data: bytes) -> tuple[bytes, bool]:
+    """The data of a file's gzip members up to any damage, and whether every member ended cleanly."""
     out: list[bytes] = []
     while data:
         decomp = zlib.decompressobj(_GZIP_WBITS)
@@ -162,12 +166,26 @@ def _decompress_tolerant(path: str) -> tuple[bytes, bool]:
 
 
 def read_segment(path: str) -> SegmentContent:
-    """Read one segment or part file, keeping every complete JSON line before the first damage (Parquet: all rows)."""
+    """Read one segment or part file, keeping every good record before the first damage (Parquet: all rows).
+
+    A part is a gzip JSON Lines journal or a binary one (journal.py), told apart by its first bytes.
+    """
     if path.endswith(PARQUET):
         from .columnar import read_parquet_records
 
         return SegmentContent(read_parquet_records(path), True, 0)
-    data, stream_ok = _decompress_tolerant(path)
+    raw = _read(path)
+    if is_journal(raw):
+        from .columnar import journal_records
+
+        journal = read_journal(raw)
+        return SegmentContent(journal_records(journal), journal.complete, journal.good_bytes)
+    return _read_lines(raw)
+
+
+def _read_lines(raw: bytes) -> SegmentContent:
+    """The good records of a gzip JSON Lines file's bytes."""
+    data, stream_ok = _decompress_tolerant(raw)
     records: list[dict[str, Any]] = []
     good = 0
     complete = stream_ok
@@ -248,23 +266,37 @@ def recover_part(directory: str, part_name: str, level: int = 6, fmt: str = "jso
         pass
     final_name = parquet_name if fmt == "parquet" else jsonl_name
     final_path = os.path.join(directory, final_name)
-    data, _ = _decompress_tolerant(part_path)
-    content = read_segment(part_path)
-    dropped = len(data) - content.good_bytes
-    if not content.records:
+    raw = _read(part_path)
+    journal = read_journal(raw) if is_journal(raw) else None
+    if journal is not None:
+        count, dropped = journal.events, len(raw) - journal.good_bytes
+    else:
+        data, _ = _decompress_tolerant(raw)
+        content = _read_lines(raw)
+        count, dropped = len(content.records), len(data) - content.good_bytes
+    if not count:
         os.unlink(part_path)
         fsync_dir(directory)
         return Recovery(part_name, None, 0, dropped)
     if fmt == "parquet":
-        from .columnar import records_to_parquet
+        from .columnar import journal_to_parquet, records_to_parquet
 
-        records_to_parquet(content.records, final_path)
+        if journal is not None:
+            journal_to_parquet(journal, final_path)
+        else:
+            records_to_parquet(content.records, final_path)
     else:
-        lines = [json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in content.records]
+        if journal is not None:
+            from .columnar import journal_records
+
+            records = journal_records(journal)
+        else:
+            records = content.records
+        lines = [json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records]
         atomic_write_as(final_path, encode_lines(lines, level))
     os.unlink(part_path)
     fsync_dir(directory)
-    return Recovery(part_name, final_name, len(content.records), dropped)
+    return Recovery(part_name, final_name, count, dropped)
 
 
 def atomic_write_as(path: str, data: bytes) -> None:

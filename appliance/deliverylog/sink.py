@@ -33,8 +33,8 @@ class DeliveryLog:
     events die young for the garbage collector) into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
-    Closed segments are Parquet (`format="parquet"`) or gzip JSON Lines (`format="jsonl.gz"`); the open one is always
-    a gzip JSON Lines journal, at `gzip_level` (default 1 when it is only a journal, 6 when it is the segment itself).
+    Closed segments are Parquet (`format="parquet"`, the open one journaled as checksummed binary batches) or gzip
+    JSON Lines (`format="jsonl.gz"`, the open one the same gzip stream, at `gzip_level`, default 6).
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class DeliveryLog:
         limits = Limits(
             segment_bytes=segment_bytes, segment_age_s=segment_age_s, budget_bytes=budget_bytes,
             fsync_every_s=fsync_every_s, flush_every_s=sync_every_s, min_free_bytes=min_free_bytes, format=format,
-            level=gzip_level if gzip_level is not None else (1 if format == "parquet" else 6),
+            level=gzip_level if gzip_level is not None else 6,
         )
         self.identity = identity
         self._writer: SegmentWriter | WriterProcess

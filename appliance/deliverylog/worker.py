@@ -18,18 +18,9 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from .batch import ITEM_LEN, Item, items_of, pack
 from .identity import Identity
-from .positional import plain as plain_positional
-from .writer import (
-    FULL_MESSAGE_KINDS,
-    ITEM_LEN,
-    DeliveryLogError,
-    Item,
-    Limits,
-    WriterStats,
-    items_of,
-    message_tuple,
-)
+from .writer import DeliveryLogError, Limits, WriterStats
 
 _HEAD = struct.Struct("!cI")
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
@@ -70,48 +61,9 @@ class FrameReader:
         return kind, payload
 
 
-def _plain_value(value: Any) -> Any:
-    """A value marshal can carry: exact builtins pass, enums become their lower-case name, the rest plain or text."""
-    if type(value) in (str, int, float, bool, type(None), tuple):
-        return value
-    name = getattr(value, "name", None)
-    if isinstance(name, str):
-        return name.lower()
-    for plain in (bool, int, float, str):
-        if isinstance(value, plain):
-            return plain(value)
-    return str(value)
-
-
-def pack(flat: list[Any]) -> bytes:
-    """Marshal a flat batch [kind, wall, mono, fields, ...] in one call (non-builtin values take the slow path)."""
-    try:
-        return marshal.dumps(flat, 4)
-    except ValueError:  # an enum, a Message or another non-builtin value somewhere
-        clean: list[Any] = []
-        for kind, wall, mono, fields in items_of(flat):
-            if type(fields) is tuple:
-                clean += (str(kind), wall, mono, plain_positional(str(kind), fields))
-                continue
-            msg = fields.pop("message", None)
-            plain = {str(n): _plain_value(v) for n, v in fields.items()}
-            if msg is not None:
-                plain["message"] = _plain_message(msg, kind)
-            clean += (str(kind), wall, mono, plain)
-        return marshal.dumps(clean, 4)
-
-
 def unpack(payload: bytes) -> list[Item]:
     """The events of a packed batch."""
     return items_of(marshal.loads(payload))
-
-
-def _plain_message(msg: Any, kind: str) -> tuple[Any, ...]:
-    """A message= value (a Message or its tuple) as a tuple of builtin values."""
-    if type(msg) is not tuple:
-        msg = message_tuple(msg, full=kind in FULL_MESSAGE_KINDS)
-    head = tuple(_plain_value(v) for v in msg[:6])
-    return (*head, tuple((str(k), str(v)) for k, v in msg[6]))
 
 
 class WriterProcess:

@@ -1,8 +1,10 @@
 """Turns batches of emitted events into rotated, crash-safe segments (Parquet or gzip JSON Lines) under a disk budget.
 
-The open segment is a gzip JSON Lines journal, sync-flushed and fsynced; in Parquet format the same events are also
-buffered into row groups of a `.parquet.tmp`, which is fsynced and renamed when the segment closes, then the journal
-is deleted. A crash leaves the journal, from which the segment is rebuilt at the next start.
+In jsonl.gz format the open segment is the gzip JSON Lines stream itself, sync-flushed and fsynced. In Parquet
+format it is a binary journal (journal.py: one checksummed marshal frame per batch, in the file as soon as written)
+while the batch's columns are built kind by kind (batch.py) into row groups of a `.parquet.tmp`, which is fsynced and
+renamed when the segment closes, then the journal is deleted. A crash leaves the journal, from which the segment is
+rebuilt at the next start.
 """
 
 from __future__ import annotations
@@ -11,18 +13,19 @@ import errno
 import fcntl
 import json
 import json.encoder
+import marshal
 import os
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .batch import FULL_MESSAGE_KINDS, ITEM_LEN, Item, event_fields, items_of, message_tuple, pack
 from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
-from .positional import fields_of, publisher_seq
-from .schema import EMIT_FIELDS, KINDS, SCHEMA_VERSION
+from .journal import batch_frame, header
+from .schema import KINDS, SCHEMA_VERSION
 from .segments import (
     FORMATS,
     PARQUET,
@@ -38,13 +41,10 @@ from .segments import (
     write_all,
 )
 
-# kind, wall clock ns, CLOCK_MONOTONIC ns, fields (taken at emit time): a dict, or a positional.LAYOUTS tuple
-Item = tuple[str, int, int, Any]
-ITEM_LEN = 4  # entries per event in a flat batch [kind, wall, mono, fields, kind, ...]
+__all__ = ["FULL_MESSAGE_KINDS", "ITEM_LEN", "DeliveryLogError", "Item", "Limits", "SegmentWriter", "WriterStats",
+           "items_of", "message_tuple"]
 
 COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
-# Kinds whose records carry all of a message's fields when the broker passes message=; others carry only msg_id.
-FULL_MESSAGE_KINDS = frozenset({"received", "forwarded", "replicated", "migrated", "dropped", "expired"})
 CLOSE_ROUNDS = 32  # segments close() may add for eviction records (each may evict an older one, whose are carried)
 CHUNK_EVENTS = 1024  # events compressed per write call (bounds how far a segment overshoots its size limit)
 
@@ -63,7 +63,7 @@ class Limits:
     fsync_every_s: float | None = 10.0  # fsync the open segment this often (None: only at close)
     flush_every_s: float = 0.5  # sync-flush the compressor this often: what a SIGKILL can lose at most
     min_free_bytes: int = 32 << 20  # also evict when the filesystem has less free space than this
-    level: int = 6  # gzip level of the journal (and of jsonl.gz segments)
+    level: int = 6  # gzip level of jsonl.gz segments (and of a Parquet segment that falls back to jsonl.gz)
     format: str = "parquet"  # closed segments: "parquet" | "jsonl.gz"
 
     def check(self) -> None:
@@ -120,21 +120,6 @@ class WriterStats:
     recovered: list[str] = field(default_factory=list)
 
 
-def items_of(flat: list[Any]) -> list[Item]:
-    """The events of a flat batch [kind, wall, mono, fields, ...] as Items."""
-    it = iter(flat)
-    return list(zip(it, it, it, it, strict=False))
-
-
-def message_tuple(msg: Any, full: bool) -> tuple[Any, ...]:
-    """A broker Message as plain values (msg_id, publisher, topic, qos, retain, payload size, user properties)."""
-    if not full:
-        return (msg.msg_id, None, None, None, None, None, ())
-    props = getattr(msg, "properties", None)
-    user = getattr(props, "user_properties", None) or ()
-    return (msg.msg_id, msg.publisher, msg.topic, msg.qos, msg.retain, len(msg.payload), tuple(user))
-
-
 def _compact_encoder() -> Callable[[Any], str]:
     """The fastest compact JSON encoder available: the C encoder called directly skips json.dumps' set-up per call."""
     make = getattr(json.encoder, "c_make_encoder", None)
@@ -148,13 +133,6 @@ def _compact_encoder() -> Callable[[Any], str]:
 def _plain(value: Any) -> Any:
     """`value` if JSON can encode it as is, else its text."""
     return value if isinstance(value, (str, int, float, bool)) else str(value)
-
-
-def _reason_text(value: Any) -> str:
-    """A reason as schema text: enum members by lower-case name, anything else by str()."""
-    if isinstance(value, Enum):
-        return value.name.lower()
-    return str(value)
 
 
 class SegmentWriter:
@@ -207,6 +185,7 @@ class SegmentWriter:
         )
         self._kinds = {k: ident(k) for k in KINDS}
         self._dumps = _compact_encoder()
+        self._binary = limits.format == "parquet"  # the open segment is a binary journal (journal.py)
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -246,11 +225,19 @@ class SegmentWriter:
 
     # -- writing -----------------------------------------------------------------------------------------------
 
+    def _synced(self) -> tuple[bool, bool]:
+        """(clock synchronised across the span the batch was emitted in, synchronised now)."""
+        synced_now = self._clock_synced()
+        synced = self._synced_before and synced_now
+        self._synced_before = synced_now
+        return synced, synced_now
+
     def write(self, items: list[Item]) -> None:
         """Append `items` (in emit order) to the open segment, rotating and enforcing the budget as needed."""
-        synced_now = self._clock_synced()
-        synced = self._synced_before and synced_now  # synchronised across the whole span the batch was emitted in
-        self._synced_before = synced_now
+        if self._binary:
+            self._write_batch([entry for item in items for entry in item], None)
+            return
+        synced, synced_now = self._synced()
         if self._pending:
             pending, self._pending = self._pending, []
             self._write_chunk(pending, synced_now)
@@ -259,7 +246,18 @@ class SegmentWriter:
 
     def write_flat(self, flat: list[Any]) -> None:
         """write() for a flat batch [kind, wall, mono, fields, ...]."""
-        self.write(items_of(flat))
+        if self._binary:
+            self._write_batch(flat, None)
+        else:
+            self.write(items_of(flat))
+
+    def write_packed(self, packed: bytes) -> None:
+        """write() for a flat batch as batch.pack() marshalled it (in Parquet format journaled as it is)."""
+        flat = marshal.loads(packed)
+        if self._binary:
+            self._write_batch(flat, packed)
+        else:
+            self.write(items_of(flat))
 
     def record_loss(self, reason: str, events: int) -> None:
         """Queue a log_evicted record for `events` events lost before reaching the writer."""
@@ -267,75 +265,82 @@ class SegmentWriter:
         fields = {"reason": f"{reason} events={events}"}
         self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), fields))
 
-    def _encode(self, items: list[Item], synced: bool, columns: ParquetSegment | None) -> bytes:
-        """JSON Lines for `items`, numbered from the current counter; also buffered into `columns` when given."""
-        prefix, kinds, dumps, allowed = self._prefix, self._kinds, self._dumps, EMIT_FIELDS
+    def _write_batch(self, flat: list[Any], packed: bytes | None) -> None:
+        """Parquet format: journal pending loss records and then `flat` as binary frames, buffering their columns."""
+        synced, synced_now = self._synced()
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._write_frame([entry for item in pending for entry in item], None, synced_now)
+        if flat:
+            self._write_frame(flat, packed, synced)
+
+    def _write_frame(self, flat: list[Any], packed: bytes | None, synced: bool) -> None:
+        """Append one batch to the binary journal (one frame) and to the segment's Parquet columns."""
+        if packed is None:
+            try:
+                packed = marshal.dumps(flat, 4)
+            except ValueError:  # non-builtin values (thread mode): columns from what the journal holds
+                packed = pack(flat)
+                flat = marshal.loads(packed)
+        n = len(flat) // ITEM_LEN
+        seg = self._segment
+        try:
+            if seg is None:
+                seg = self._segment = self._open()
+            self._reserve(self._counter + n, self._seq)
+            data = batch_frame(self._counter, synced, packed)
+            write_all(seg.fd, data)
+        except OSError as exc:
+            self._fail(seg, exc, n)
+            return
+        if seg.columns is not None:
+            try:
+                self.stats.bad_fields += seg.columns.add_flat(flat, synced, self.seq_property)
+                while seg.columns.buffered >= ROW_GROUP_EVENTS:
+                    seg.columns.flush_row_group()
+                seg.columns_size = seg.columns.tmp_size()
+            except Exception:  # disk full, or pyarrow failed: this segment closes as jsonl.gz
+                self._drop_columns(seg)
+        self._advance(seg, n, len(data))
+
+    def _advance(self, seg: _Open, events: int, size: int) -> None:
+        """Count `events` written as `size` bytes to the open segment; rotate it when full."""
+        self._counter += events
+        seg.size += size
+        seg.events += events
+        seg.last_counter = self._counter - 1
+        seg.dirty = True
+        self.stats.events += events
+        self.stats.bytes += size
+        if seg.size >= self.limits.segment_bytes:
+            self.rotate()
+        else:
+            self._enforce_budget()
+
+    def _encode(self, items: list[Item], synced: bool) -> bytes:
+        """JSON Lines for `items`, numbered from the current counter."""
+        prefix, kinds, dumps = self._prefix, self._kinds, self._dumps
         flag = "true" if synced else "false"
         n = self._counter
         lines = []
-        col_kinds: list[str] = []
-        col_walls: list[int] = []
-        col_monos: list[int] = []
-        col_fields: list[dict[str, Any]] = []
         seq_property = self.seq_property
-        for kind, wall, mono, fields in items:
+        for kind, wall, mono, values in items:
             k = kinds.get(kind) or dumps(str(kind))
-            if type(fields) is tuple:  # a positional hot event: schema fields only, never None, no reason
-                try:
-                    fields = fields_of(kind, fields, seq_property)
-                except (KeyError, ValueError, IndexError, TypeError):  # not a layout this writer knows
-                    self.stats.bad_fields += len(fields)
-                    fields = {}
-            elif fields:
-                if "message" in fields:
-                    self._expand(kind, fields)
-                if None in fields.values() or not fields.keys() <= allowed:
-                    kept = {key: v for key, v in fields.items() if v is not None and key in allowed}
-                    self.stats.bad_fields += sum(1 for key in fields if key not in allowed)
-                    fields = kept
-                reason = fields.get("reason")
-                if reason is not None and type(reason) is not str:
-                    fields["reason"] = _reason_text(reason)
+            fields, bad = event_fields(kind, values, seq_property)
+            if bad:
+                self.stats.bad_fields += bad
             tail = "}"
             if fields:
                 try:
                     tail = "," + dumps(fields)[1:]
                 except (TypeError, ValueError):  # a value JSON cannot hold: keep its text
                     tail = "," + dumps({key: _plain(v) for key, v in fields.items()})[1:]
-            wall_us, mono_us = wall // 1000, mono // 1000
             lines.append(
-                f'{prefix}{n}","kind":{k},"ts_wall_us":{wall_us},"ts_mono_us":{mono_us},"clock_synced":{flag}{tail}\n'
+                f'{prefix}{n}","kind":{k},"ts_wall_us":{wall // 1000},"ts_mono_us":{mono // 1000},'
+                f'"clock_synced":{flag}{tail}\n'
             )
-            if columns is not None:
-                col_kinds.append(kind if type(kind) is str else str(kind))
-                col_walls.append(wall_us)
-                col_monos.append(mono_us)
-                col_fields.append(fields)
             n += 1
-        if columns is not None:
-            columns.add(col_kinds, col_walls, col_monos, synced, col_fields)
         return "".join(lines).encode()
-
-    def _expand(self, kind: str, fields: dict[str, Any]) -> None:
-        """Replace a `message=` field (a broker Message or its message_tuple) by schema fields; explicit ones win."""
-        msg = fields.pop("message")
-        if msg is None:
-            return
-        msg_id, publisher, topic, qos, retain, size, user_properties = (
-            msg if type(msg) is tuple else message_tuple(msg, full=True)
-        )
-        fields.setdefault("msg_id", msg_id)
-        if kind not in FULL_MESSAGE_KINDS:
-            return  # the rest joins in from the message's `received` record by msg_id
-        fields.setdefault("publisher", publisher or None)
-        fields.setdefault("topic", topic)
-        fields.setdefault("qos", qos)
-        fields.setdefault("retain", retain)
-        fields.setdefault("payload_size", size)
-        if "publisher_seq" not in fields:
-            seq = publisher_seq(user_properties, self.seq_property)
-            if seq is not None:
-                fields["publisher_seq"] = seq
 
     def _open(self) -> _Open:
         """Start a new `.part` segment named after its first event counter."""
@@ -343,11 +348,19 @@ class SegmentWriter:
         self._reserve(self._counter + CHUNK_EVENTS, self._seq + 1)
         path = os.path.join(self.directory, name.part)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        comp = zlib.compressobj(self.limits.level, zlib.DEFLATED, 31)
         now = time.monotonic()
-        seg = _Open(name, fd, comp, now, last_fsync=now, last_flush=now)
-        if self.limits.format == "parquet":
-            seg.columns = ParquetSegment(os.path.join(self.directory, name.parquet), self.identity, self._counter)
+        if not self._binary:
+            return _Open(name, fd, zlib.compressobj(self.limits.level, zlib.DEFLATED, 31), now, last_fsync=now,
+                         last_flush=now)
+        seg = _Open(name, fd, None, now, last_fsync=now, last_flush=now)
+        head = header({**asdict(self.identity), "seq_property": self.seq_property}, self._counter)
+        try:
+            write_all(fd, head)
+        except OSError:
+            os.close(fd)
+            raise
+        seg.size = len(head)
+        seg.columns = ParquetSegment(os.path.join(self.directory, name.parquet), self.identity, self._counter)
         return seg
 
     def _write_chunk(self, items: list[Item], synced: bool) -> None:
@@ -359,33 +372,14 @@ class SegmentWriter:
             if seg is None:
                 seg = self._segment = self._open()
             self._reserve(self._counter + len(items), self._seq)
-            data = seg.comp.compress(self._encode(items, synced, seg.columns))
+            data = seg.comp.compress(self._encode(items, synced))
             if data:
                 write_all(seg.fd, data)
         except OSError as exc:
             self._fail(seg, exc, len(items))
             return
-        if seg.columns is not None:
-            self.stats.bad_fields += seg.columns.bad_values
-            seg.columns.bad_values = 0
-            if seg.columns.buffered >= ROW_GROUP_EVENTS:
-                try:
-                    while seg.columns.buffered >= ROW_GROUP_EVENTS:
-                        seg.columns.flush_row_group()
-                    seg.columns_size = seg.columns.tmp_size()
-                except Exception:  # disk full, or pyarrow failed: this segment closes as jsonl.gz
-                    self._drop_columns(seg)
-        self._counter += len(items)
-        seg.size += len(data)
-        seg.events += len(items)
-        seg.last_counter = self._counter - 1
-        seg.dirty = seg.unflushed = True
-        self.stats.events += len(items)
-        self.stats.bytes += len(data)
-        if seg.size >= self.limits.segment_bytes:
-            self.rotate()
-        else:
-            self._enforce_budget()
+        seg.unflushed = True
+        self._advance(seg, len(items), len(data))
 
     def _fail(self, seg: _Open | None, exc: OSError, events: int) -> None:
         """A write failed: cut the segment back to its last good byte, close it, and record the loss."""
@@ -447,7 +441,7 @@ class SegmentWriter:
         if seg is None:
             return
         try:
-            tail = seg.comp.flush(zlib.Z_FINISH)
+            tail = seg.comp.flush(zlib.Z_FINISH) if seg.comp is not None else b""
             write_all(seg.fd, tail)
             os.fsync(seg.fd)
         except OSError as exc:
@@ -467,7 +461,10 @@ class SegmentWriter:
                 self.stats.bad_fields += seg.columns.bad_values
                 os.unlink(part)
                 fsync_dir(self.directory)
-        if seg.columns is None:
+        if seg.columns is None and seg.comp is None:  # a binary journal whose Parquet failed: rewrite as jsonl.gz
+            rec = recover_part(self.directory, seg.name.part, self.limits.level, "jsonl.gz")
+            size = os.path.getsize(os.path.join(self.directory, rec.final)) if rec.final else 0
+        elif seg.columns is None:
             os.rename(part, os.path.join(self.directory, seg.name.final))
             fsync_dir(self.directory)
         self.stats.segments += 1
