@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("appliance.cluster")
 SESSIONS = "sessions"
 FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
+FROM_HANDOVER = 4  # a copy of what this node handed to the claim's owner, which has not confirmed it durable yet
 RELEASED_PUSH_S = 300.0  # a session let go this recently has its claim pushed to every peer that links up
 SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
 RESUME_HOLD_TIMEOUTS = 3  # failure_timeouts a resume we did not object to may take (the asker waits 2 for answers)
@@ -77,7 +78,9 @@ class SessionMigration:
     claims: dict[str, SessionClaim]
     copies: dict[str, ReplicaCopy]
     _origin: dict[str, Lineage]
-    _handing: dict[str, tuple[str, bytes]]  # client id -> (node taking it over, SessionState data) until SessionDone
+    # client id -> (node taking it over, SessionState data, whether a third node may resume from it) until the taker's
+    # SessionDone, which it sends once the session is durable there and on its replicas
+    _handing: dict[str, tuple[str, bytes, bool]]
     _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
     _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
     _seen: dict[str, OrderedDict[str, None]]
@@ -301,14 +304,17 @@ class SessionMigration:
             asks[peer] = self._request_id
         answers = await asyncio.gather(*(self._async_ask(p, cid, False, asks[p]) for p in peers))
         let_go = [p for p, answer in zip(peers, answers, strict=True) if answer is not None and answer[0] != OWNER_UP]
+        handed: list[ReplicaCopy] = []  # hand-overs to the owner it had not confirmed (its replicas may lack them)
         for answer in answers:
             if answer is None:
                 unanswered = True  # that peer might reach the owner: we cannot tell it is gone
                 continue
             if answer[0] == FROM_OWNER:
                 return ReasonCode.SUCCESS  # a live owner after all (the claim was stale): adopted
-            if answer[0] == FROM_COPY:
+            if answer[0] in (FROM_COPY, FROM_HANDOVER):
                 candidates.append(decode_copy(answer[1]))
+                if answer[0] == FROM_HANDOVER:
+                    handed.append(candidates[-1])
             elif answer[0] == OWNER_UP:
                 owner_alive = True
         if cid in (self.broker.sessions if self.broker else {}):
@@ -329,8 +335,12 @@ class SessionMigration:
             assert self.broker is not None
             base = queue_position(best)
             queue = best.deliveries()
+            # A hand-over copy holds the owner's state as it got it (its later queue seqs start at `base`), and
+            # none of the owner's own ingress: its pending messages stay with it (no ingress mark).
+            from_handover = any(best is copy for copy in handed)
             self._origin[cid] = (FROM_REPLICA, extend_lineage(claim.bases, best.owner, base),
-                                 extend_marks(claim.marks, best.owner, best.mark))
+                                 dict(claim.marks) if from_handover else extend_marks(claim.marks, best.owner,
+                                                                                      best.mark))
             for msg_id in best.seen:  # what the owner queued lately, delivered or not: a late copy is dropped
                 self._remember(cid, msg_id)
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
@@ -339,8 +349,8 @@ class SessionMigration:
             self._retarget(cid, owner, self.node_id)  # now, before any newer local publish reaches the session
             stranded = self.pass_on_stranded(best)  # what the owner acked for unreachable targets, before newer
             self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
-            log.info("session %s resumed from a replica (%d queued, %d stranded passed on), owner %s unreachable", cid,
-                     len(queue), stranded, owner)
+            log.info("session %s resumed from %s (%d queued, %d stranded passed on), owner %s unreachable", cid,
+                     "an unconfirmed hand-over" if from_handover else "a replica", len(queue), stranded, owner)
         return ReasonCode.SUCCESS
 
     def _owner_up_here(self, cid: str, asker: str) -> bool:
@@ -368,20 +378,22 @@ class SessionMigration:
                 # forwards to us are retargeted to it (delivered into that session, in order).
                 seen = list(self._seen.pop(cid, {}))
                 data = bytes([FROM_OWNER]) + encode_handover(epoch, record, queue, qos2, seen)
-                self._handing[cid] = (peer, data)  # resent on every link-up until the taker says SessionDone
+                # Resent on every link-up until the taker says SessionDone (durable there and on its replicas);
+                # meanwhile the copy a third node may resume from if the taker dies (unless it starts clean).
+                resumable = not msg.clean_start and record.expiry_interval > 0
+                self._handing[cid] = (peer, data, resumable)
                 self._released[cid] = time.monotonic()
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
-            elif self._handing.get(cid, ("", b""))[0] == peer:  # asked again: the state may have been lost
+            elif self._handing.get(cid, ("", b"", False))[0] == peer:  # asked again: the state may have been lost
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, self._handing[cid][1]))
             elif self._owner_up_here(cid, msg.node):
                 claim = self.claims[cid]
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
-            elif cid in self.copies:
+            elif (answer := self._copy_answer(cid)) is not None:
                 self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
-                data = bytes([FROM_COPY]) + encode_copy(self.copies[cid])
-                self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
+                self.svc.send(peer, SessionState(msg.request_id, cid, True, answer))
             else:
                 self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
                 self.svc.send(peer, SessionState(msg.request_id, cid, False, b""))
@@ -389,17 +401,38 @@ class SessionMigration:
             pending = self._requests.get(msg.request_id)
             clean = pending[2] if pending is not None else False
             if msg.present and msg.data[:1] == bytes([FROM_OWNER]):
-                self.svc.send(peer, SessionDone(msg.request_id, msg.client_id))
                 waiting = pending is not None and not pending[0].done()
                 self._on_handover(peer, msg.client_id, msg.data[1:], clean, waiting)
+                # The old owner lets its hand-over state go only once the session is on disk here and on our
+                # replicas (the ordered after_commit waits for the replica writes the adoption made): if we die
+                # before, it still answers a third node's takeover question with it (FROM_HANDOVER).
+                self.store.after_commit(self.svc.send, peer, SessionDone(msg.request_id, msg.client_id))
             if pending is not None and not pending[0].done():
                 kind = msg.data[0] if msg.present and msg.data else 0
                 pending[0].set_result((kind, msg.data[1:]))
         elif isinstance(msg, SessionDone):
             if msg.request_id and self._end_resume_holds(msg.client_id, peer, msg.request_id):
                 return  # the asker did not resume the session after all
-            if self._handing.get(msg.client_id, ("", b""))[0] == peer:
+            if self._handing.get(msg.client_id, ("", b"", False))[0] == peer:
                 del self._handing[msg.client_id]
+
+    def _copy_answer(self, cid: str) -> bytes | None:
+        """What we hold of a session owned elsewhere, as a takeover answer: our replica copy or, while the claim's
+        owner has not confirmed a hand-over we made to it, that hand-over's state (the freshest of the two); None
+        if neither. Our hand-over is its only copy until the taker's replicas hold the session (chaos 10171: the
+        taker died ~0.1 s after the hand-over, and the session restarted fresh elsewhere)."""
+        copy = self.copies.get(cid)
+        taker, data, resumable = self._handing.get(cid, ("", b"", False))
+        claim = self.claims.get(cid)
+        if resumable and claim is not None and claim.owner == taker:
+            epoch, record, queue, qos2, seen = decode_handover(data[1:])
+            handed = ReplicaCopy(taker, epoch, record, {d.seq: d for d in queue}, set(qos2),
+                                 seen=OrderedDict.fromkeys(seen))
+            for delivery in queue:
+                handed.note(delivery.message.msg_id)
+            if copy is None or freshest([copy, handed]) is handed:
+                return bytes([FROM_HANDOVER]) + encode_copy(handed)
+        return None if copy is None else bytes([FROM_COPY]) + encode_copy(copy)
 
     # -- heal-time hold ------------------------------------------------------------------------------------------
     def _hold_for_resume(self, cid: str, asker: str, clean_start: bool, request_id: int) -> None:
@@ -437,7 +470,8 @@ class SessionMigration:
     def _on_handover(self, peer: str, cid: str, data: bytes, clean: bool, waiting: bool) -> None:
         """The owner let a session go to us: adopt it now, in stream order, even if we gave up asking (it is gone
         there). If we gave up and hold the session already (resumed from a replica meanwhile), merge instead: what
-        we lack of its queue joins ours, in order; replacing ours would drop what it queued since."""
+        we lack of its queue joins ours, in order; replacing ours would drop what it queued since. If it moved on
+        to a third node meanwhile, that node gets what it lacks."""
         broker = self.broker
         assert broker is not None
         epoch, record, queue, qos2, seen = decode_handover(data)
@@ -446,8 +480,18 @@ class SessionMigration:
         if clean or record.expiry_interval == 0:
             return
         self._adopted[cid] = epoch
+        claim = self.claims.get(cid)
+        if (not waiting and cid not in broker.sessions and claim is not None and claim.epoch > epoch
+                and claim.owner not in (self.node_id, peer)):
+            # The session moved on while this hand-over waited for us (we died before confirming it): adopting it
+            # would strand its queue here; what the current owner cannot have goes to it (it drops what it has).
+            passed = [d for d in queue if hands_over(claim, peer, d.seq)]
+            for delivery in passed:
+                self._onward(delivery.message, [cid])
+            log.info("session %s: late hand-over by %s passed on to its owner %s (%d of %d queued)", cid, peer,
+                     claim.owner, len(passed), len(queue))
+            return
         if not waiting and cid in broker.sessions:
-            claim = self.claims.get(cid)
             merged = [d for d in queue if claim is None or hands_over(claim, peer, d.seq)]
             for delivery in merged:
                 self._onward(delivery.message, self._deliver_here(delivery.message, (cid,)))
@@ -476,7 +520,7 @@ class SessionMigration:
         """A link to `peer` is up: hand-overs it has not confirmed go out again (it adopts each one once), and the
         claims of sessions we let go lately, before any ack of the peer's resent forwards: a sender that learnt the
         new owner only after our acks would send newer messages to it ahead of the ones we pass on (reordering)."""
-        for cid, (taker, data) in list(self._handing.items()):
+        for cid, (taker, data, _resumable) in list(self._handing.items()):
             if taker == peer:
                 self.svc.send(peer, SessionState(0, cid, True, data))
         horizon = time.monotonic() - RELEASED_PUSH_S

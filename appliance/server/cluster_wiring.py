@@ -74,7 +74,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self.assigned: dict[str, list[str]] = {}  # local persistent session -> its replica nodes
         self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
-        self._handing: dict[str, tuple[str, bytes]] = {}
+        self._handing: dict[str, tuple[str, bytes, bool]] = {}
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
         self._resumes: dict[str, list[tuple[str, str, int, int]]] = {}  # heal-time holds (SessionMigration)
