@@ -292,9 +292,12 @@ class SessionMigration:
             log.warning("CONNECT %s refused: owner %s unreachable from this minority side", cid, owner)
             return ReasonCode.SERVER_UNAVAILABLE
         candidates: list[ReplicaCopy] = []
-        local = self.copies.get(cid)
+        handed: list[ReplicaCopy] = []  # hand-overs to the owner not confirmed yet (its replicas may lack them)
+        local, local_handed = self._held_copy(cid)  # ours: the client may come back to the node that handed it over
         if local is not None:
             candidates.append(local)
+            if local_handed:
+                handed.append(local)
         peers = [p for p in self.svc.links.up_peers() if p != owner]
         owner_alive = unanswered = False
         ups = self._ups.get(owner, 0)
@@ -304,7 +307,6 @@ class SessionMigration:
             asks[peer] = self._request_id
         answers = await asyncio.gather(*(self._async_ask(p, cid, False, asks[p]) for p in peers))
         let_go = [p for p, answer in zip(peers, answers, strict=True) if answer is not None and answer[0] != OWNER_UP]
-        handed: list[ReplicaCopy] = []  # hand-overs to the owner it had not confirmed (its replicas may lack them)
         for answer in answers:
             if answer is None:
                 unanswered = True  # that peer might reach the owner: we cannot tell it is gone
@@ -344,8 +346,10 @@ class SessionMigration:
             for msg_id in best.seen:  # what the owner queued lately, delivered or not: a late copy is dropped
                 self._remember(cid, msg_id)
             adopt_session(self.broker, best.record, queue, sorted(best.qos2))
-            if local is not None:
+            if cid in self.copies:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
+            if self._handing.get(cid, ("", b"", False))[0] == owner:
+                del self._handing[cid]  # resumed here: our hand-over to the owner is superseded
             self._retarget(cid, owner, self.node_id)  # now, before any newer local publish reaches the session
             stranded = self.pass_on_stranded(best)  # what the owner acked for unreachable targets, before newer
             self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
@@ -416,11 +420,11 @@ class SessionMigration:
             if self._handing.get(msg.client_id, ("", b"", False))[0] == peer:
                 del self._handing[msg.client_id]
 
-    def _copy_answer(self, cid: str) -> bytes | None:
-        """What we hold of a session owned elsewhere, as a takeover answer: our replica copy or, while the claim's
-        owner has not confirmed a hand-over we made to it, that hand-over's state (the freshest of the two); None
-        if neither. Our hand-over is its only copy until the taker's replicas hold the session (chaos 10171: the
-        taker died ~0.1 s after the hand-over, and the session restarted fresh elsewhere)."""
+    def _held_copy(self, cid: str) -> tuple[ReplicaCopy | None, bool]:
+        """What we hold of a session owned elsewhere: our replica copy or, while the claim's owner has not confirmed
+        a hand-over we made to it, that hand-over's state (the freshest of the two; True if the hand-over). Our
+        hand-over is the session's only copy besides the taker's disk until the taker's replicas hold it (chaos
+        10171, 10427: the taker died or was cut off right after the hand-over; the session restarted fresh)."""
         copy = self.copies.get(cid)
         taker, data, resumable = self._handing.get(cid, ("", b"", False))
         claim = self.claims.get(cid)
@@ -431,8 +435,13 @@ class SessionMigration:
             for delivery in queue:
                 handed.note(delivery.message.msg_id)
             if copy is None or freshest([copy, handed]) is handed:
-                return bytes([FROM_HANDOVER]) + encode_copy(handed)
-        return None if copy is None else bytes([FROM_COPY]) + encode_copy(copy)
+                return handed, True
+        return copy, False
+
+    def _copy_answer(self, cid: str) -> bytes | None:
+        """_held_copy as a takeover answer (FROM_HANDOVER / FROM_COPY); None if we hold nothing."""
+        copy, handed = self._held_copy(cid)
+        return None if copy is None else bytes([FROM_HANDOVER if handed else FROM_COPY]) + encode_copy(copy)
 
     # -- heal-time hold ------------------------------------------------------------------------------------------
     def _hold_for_resume(self, cid: str, asker: str, clean_start: bool, request_id: int) -> None:

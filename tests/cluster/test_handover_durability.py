@@ -148,6 +148,39 @@ async def test_a_session_handed_to_a_node_that_dies_resumes_from_the_old_owners_
         await _stop(na)
 
 
+async def test_a_client_back_at_the_old_owner_resumes_from_its_unconfirmed_hand_over(tmp_path: Path) -> None:
+    """Chaos seed 10427: na handed s to nb, which was cut off before its replica held s (the client never got its
+    CONNACK there), so nb had not confirmed the hand-over. The client comes back to na. nb is unreachable, nc has no
+    copy ("no session here"): na resumes s from the hand-over it made (before the fix: a fresh session)."""
+    na = await _node(tmp_path, "na", ("nb", "nc"))
+    taker, other = Peer("nb"), Peer("nc")
+    other.svc.cb.on_session_message = lambda p, m: (
+        other.svc.send(p, SessionState(m.request_id, m.client_id, False, b""))
+        if isinstance(m, SessionTakeover) else None)
+    cid = _client_placed_on("nb", ["nb", "nc"])
+    wiring = _wiring(na)
+    try:
+        await taker.svc.async_start()
+        await _link(wiring.svc, taker.svc)
+        adopt_session(na.broker, SessionRecord(cid, 5, 3600, subscriptions=dict(SUBS)), _deliveries(3), [])
+        wiring.svc.put("sessions", cid, encode_claim(SessionClaim("na", 1000.0, FRESH, True, dict(SUBS))))
+        taker.svc.send("na", SessionTakeover(7, cid, "nb", False))
+        await _until(lambda: any(isinstance(m, SessionState) for m in taker.session_messages), "the hand-over at nb")
+        await taker.svc.async_stop()
+        await _until(lambda: not wiring.svc.links.is_up("nb"), "nb down at na")
+        await other.svc.async_start()
+        await _link(wiring.svc, other.svc)
+        fetch = wiring.prepare_connect(cid, False)
+        assert fetch is not None
+        assert await fetch == ReasonCode.SUCCESS
+        assert [d.message.msg_id for d in na.broker.sessions[cid].queue] == ["m1", "m2", "m3"]
+        assert cid not in wiring._handing  # superseded: not resent to nb when it returns
+    finally:
+        await taker.svc.async_stop()
+        await other.svc.async_stop()
+        await _stop(na)
+
+
 async def test_the_new_owner_confirms_a_hand_over_only_once_its_replicas_hold_the_session(tmp_path: Path) -> None:
     """na takes s over from nb; na's replica for s is nc. SessionDone (after which nb forgets its hand-over state)
     must not leave before nc acknowledged the session's snapshot: until then nb's hand-over is the only copy
