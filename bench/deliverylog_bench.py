@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Any
 
 from appliance.broker.ports import NullEventSink
 from appliance.deliverylog import DeliveryLog
@@ -147,6 +148,8 @@ def qos1_loop(sink, messages: int) -> float:
 async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process", fmt: str = "parquet") -> int:
     """Run our broker node with [deliverylog] enabled when log_dir is set (mode: writer process or thread)."""
     import functools
+    import gc
+    import json
 
     from appliance.server import node as node_module
     from appliance.server.config import load
@@ -157,7 +160,23 @@ async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process"
         node_module.DeliveryLog = functools.partial(DeliveryLog, process=mode == "process")  # type: ignore[misc]
     node = node_module.Node(load(None, overrides))
     await node.async_start()
-    return await node.async_run_until_stopped()
+    stats_path = os.path.join(data_dir, "gc.json")  # the round reads it after the broker exits
+    collections, seconds, started = [0, 0, 0], [0.0, 0.0, 0.0], [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            collections[info["generation"]] += 1
+            seconds[info["generation"]] += time.thread_time() - started[0]
+
+    gc.callbacks.append(on_gc)
+    try:
+        return await node.async_run_until_stopped()
+    finally:
+        gc.callbacks.remove(on_gc)
+        with open(stats_path, "w") as f:
+            json.dump({"collections": collections, "seconds": seconds}, f)
 
 
 def _cpu_seconds(pid: int) -> tuple[float, float]:
@@ -194,12 +213,40 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _spy_summary(path: str) -> str:
+    """Share of py-spy samples (collapsed stacks) in delivery-log frames: emit calls and the drain thread."""
+    total = emit = drain = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            n = int(count)
+            total += n
+            if "_run (appliance/deliverylog/sink.py" in stack:
+                drain += n
+            elif "appliance/deliverylog/" in stack:
+                emit += n
+    share = {name: f"{100 * x / max(total, 1):.1f} %" for name, x in (("emit", emit), ("drain", drain))}
+    return f"{total} GIL samples: emit calls {share['emit']}, drain thread {share['drain']}"
+
+
+def _spy(pid: int, duration: float, out: str) -> Any:
+    """Start py-spy sampling `pid` (GIL holders only, not pausing it) into `out` (collapsed stacks)."""
+    import subprocess
+    import sys
+
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(max(1, int(duration) - 1)),
+                             "--rate", "200", "--gil", "--nonblocking", "--format", "raw", "--output", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
-                  writer_cpu: str = "broker") -> tuple[float, int, int, float, float]:
+                  writer_cpu: str = "broker", spy_out: str = "") -> tuple[float, int, int, float, float]:
     """One qos1 loadgen run against a fresh broker.
 
     Returns (delivered msg/s, delivered, log bytes, broker CPU s, broker + writer child CPU s) with CPU counted
-    from just before the load to just after it (start-up and shutdown excluded).
+    from just before the load to just after it (start-up and shutdown excluded). With `spy_out`, py-spy samples
+    the broker during the load into that file.
     """
     import json
     import signal
@@ -233,14 +280,25 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
                 subprocess.run(["taskset", "-a", "-p", "-c", LOADGEN_CPU, str(child)], check=True,
                                stdout=subprocess.DEVNULL)
         cpu0 = _cpu_seconds(broker.pid)
+        spy = _spy(broker.pid, duration, spy_out) if spy_out else None
         out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", "qos1", "--port", str(port),
                                                   "--duration", str(duration), "--max-messages", "2000000"]),
                              capture_output=True, text=True, timeout=600, check=True).stdout
         cpu1 = _cpu_seconds(broker.pid)
+        if spy is not None:
+            spy.wait(60)
+            print(f"  py-spy ({'on' if logging_on else 'off'}): {_spy_summary(spy_out)}", flush=True)
         result = json.loads(out.strip().splitlines()[-1])
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(60)
+    try:
+        with open(os.path.join(tmp, "data", "gc.json")) as f:
+            gcs = json.load(f)
+        print(f"  broker gc ({'on' if logging_on else 'off'}): collections by generation {gcs['collections']}, "
+              f"{sum(gcs['seconds']) * 1e3:.0f} ms CPU {[round(x * 1e3) for x in gcs['seconds']]}", flush=True)
+    except (OSError, ValueError, KeyError):
+        pass
     size = 0
     if log_dir:
         from appliance.deliverylog import read_segments
@@ -257,7 +315,8 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
             (cpu1[1] - cpu0[1]) / delivered)
 
 
-def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ...], writer_cpu: str = "broker") -> None:
+def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ...], writer_cpu: str = "broker",
+                 spy_dir: str = "") -> None:
     """Our broker's QoS1 delivered rate and CPU per message, logging off and on in each format, interleaved."""
     import statistics
 
@@ -266,8 +325,9 @@ def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ..
     per_msg: dict[str, list[float]] = {f: [] for f in formats}
     for r in range(rounds):
         for fmt in configs[r % len(configs):] + configs[: r % len(configs)]:  # rotate the order each round
+            spy_out = os.path.join(spy_dir, f"round{r}-{fmt or 'off'}.txt") if spy_dir else ""
             rate, delivered, size, cpu_broker, cpu_tree = _broker_round(fmt is not None, duration, mode, fmt or "",
-                                                                        writer_cpu)
+                                                                        writer_cpu, spy_out)
             runs[fmt].append((rate, cpu_broker, cpu_tree))
             if fmt is not None:
                 per_msg[fmt].append(size / max(delivered, 1))
@@ -303,10 +363,14 @@ def main() -> None:
     ap.add_argument("--format", choices=[*FORMATS, "both"], default="both", help="closed segment format")
     ap.add_argument("--writer-cpu", choices=["broker", "other"], default="broker",
                     help="writer child pinned with the broker (one core, the worst case) or moved to the other core")
+    ap.add_argument("--py-spy", default="", metavar="DIR",
+                    help="sample each broker round with py-spy (GIL holders) into DIR and print where the time went")
     args = ap.parse_args()
+    if args.py_spy:
+        os.makedirs(args.py_spy, exist_ok=True)
     formats = FORMATS if args.format == "both" else (args.format,)
     if args.broker_rounds:
-        broker_ratio(args.broker_rounds, args.duration, args.mode, formats, args.writer_cpu)
+        broker_ratio(args.broker_rounds, args.duration, args.mode, formats, args.writer_cpu, args.py_spy)
         return
     n = args.messages
     print(f"NullEventSink: {null_cost(n):.2f} µs CPU per message (5 events)")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import repeat, starmap
 from typing import Any
 
 from .identity import Identity, clock_sync_probe, read_boot_id
@@ -29,7 +27,7 @@ def _message_tuple(msg: Any) -> tuple[Any, ...]:
 class DeliveryLog:
     """An EventSink writing schema-v1 delivery-log segments for one node (or one client, source="client").
 
-    emit() only timestamps and appends to a deque; a thread drains it every `flush_interval_s` (kept short so queued
+    emit() only timestamps and appends to a list; a thread drains it every `flush_interval_s` (kept short so queued
     events die young for the garbage collector) into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
@@ -79,7 +77,7 @@ class DeliveryLog:
             self._writer = WriterProcess(directory, identity, limits, clock_synced, seq_property)
         else:
             self._writer = SegmentWriter(directory, identity, limits, probe, seq_property)
-        self._queue: deque[Any] = deque()
+        self._queue: list[Any] = []  # emitters extend it at the end, only the writer thread takes from the front
         self._extend = self._queue.extend
         self._interval = flush_interval_s
         self._max_backlog = max_backlog
@@ -172,10 +170,15 @@ class DeliveryLog:
     # -- writer thread -----------------------------------------------------------------------------------------
 
     def _drain(self) -> list[Any]:
-        """Take every queued event, oldest first, as a flat [kind, wall, mono, fields, ...] list (one C call)."""
+        """Take every queued event, oldest first, as a flat [kind, wall, mono, fields, ...] list.
+
+        Two C calls, a copy of the front and its deletion: an emit() between them only appends after that front
+        (extend() adds a whole event atomically under the GIL), so nothing is lost or taken twice.
+        """
         queue = self._queue
-        n = len(queue) // ITEM_LEN  # emit() extends by whole events atomically
-        flat = list(starmap(queue.popleft, repeat((), n * ITEM_LEN)))
+        n = len(queue) // ITEM_LEN
+        flat = queue[: n * ITEM_LEN]
+        del queue[: n * ITEM_LEN]
         if n > self._max_backlog:
             lost = n - self._max_backlog
             self._writer.record_loss("backlog", lost)

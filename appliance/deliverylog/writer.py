@@ -19,6 +19,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Any
 
 from .batch import FULL_MESSAGE_KINDS, ITEM_LEN, Item, event_fields, items_of, message_tuple, pack
@@ -47,6 +48,7 @@ __all__ = ["FULL_MESSAGE_KINDS", "ITEM_LEN", "DeliveryLogError", "Item", "Limits
 COUNTER_BLOCK = 1 << 20  # event counters reserved per state write; a crash skips at most this many ids
 CLOSE_ROUNDS = 32  # segments close() may add for eviction records (each may evict an older one, whose are carried)
 CHUNK_EVENTS = 1024  # events compressed per write call (bounds how far a segment overshoots its size limit)
+COLUMN_EVENTS = 16_384  # journaled events whose Parquet columns are built in one go (fewer, larger Arrow calls)
 
 
 class DeliveryLogError(Exception):
@@ -102,6 +104,9 @@ class _Open:
     last_flush: float = 0.0
     columns: ParquetSegment | None = None  # Parquet format: the closed file being built
     columns_size: int = 0  # bytes of its temporary file
+    unbuilt: list[list[Any]] = field(default_factory=list)  # journaled flat batches whose columns are not built yet
+    unbuilt_events: int = 0
+    unbuilt_synced: bool = True  # their clock-sync flag (a change of flag builds the earlier ones first)
 
 
 @dataclass(slots=True)
@@ -294,14 +299,28 @@ class SegmentWriter:
             self._fail(seg, exc, n)
             return
         if seg.columns is not None:
-            try:
-                self.stats.bad_fields += seg.columns.add_flat(flat, synced, self.seq_property)
-                while seg.columns.buffered >= ROW_GROUP_EVENTS:
-                    seg.columns.flush_row_group()
-                seg.columns_size = seg.columns.tmp_size()
-            except Exception:  # disk full, or pyarrow failed: this segment closes as jsonl.gz
-                self._drop_columns(seg)
+            if seg.unbuilt and synced != seg.unbuilt_synced:
+                self._build_columns(seg)
+            seg.unbuilt.append(flat)
+            seg.unbuilt_events += n
+            seg.unbuilt_synced = synced
+            if seg.unbuilt_events >= COLUMN_EVENTS:
+                self._build_columns(seg)
         self._advance(seg, n, len(data))
+
+    def _build_columns(self, seg: _Open) -> None:
+        """Turn the journaled batches not yet in the segment's Parquet columns into columns (and full row groups)."""
+        if seg.columns is None or not seg.unbuilt:
+            return
+        batches, seg.unbuilt, seg.unbuilt_events = seg.unbuilt, [], 0
+        flat = batches[0] if len(batches) == 1 else list(chain.from_iterable(batches))
+        try:
+            self.stats.bad_fields += seg.columns.add_flat(flat, seg.unbuilt_synced, self.seq_property)
+            while seg.columns.buffered >= ROW_GROUP_EVENTS:
+                seg.columns.flush_row_group()
+            seg.columns_size = seg.columns.tmp_size()
+        except Exception:  # disk full, or pyarrow failed: this segment closes as jsonl.gz
+            self._drop_columns(seg)
 
     def _advance(self, seg: _Open, events: int, size: int) -> None:
         """Count `events` written as `size` bytes to the open segment; rotate it when full."""
@@ -452,6 +471,7 @@ class SegmentWriter:
         self.stats.bytes += len(tail)
         part = os.path.join(self.directory, seg.name.part)
         size = seg.size
+        self._build_columns(seg)
         if seg.columns is not None:
             try:
                 size = seg.columns.finish()  # fsynced and renamed: the journal is no longer needed
@@ -477,6 +497,7 @@ class SegmentWriter:
             seg.columns.abort()
             seg.columns = None
             seg.columns_size = 0
+            seg.unbuilt, seg.unbuilt_events = [], 0
             self.stats.parquet_failures += 1
 
     # -- disk budget -------------------------------------------------------------------------------------------
