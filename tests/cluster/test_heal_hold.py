@@ -9,64 +9,22 @@ owner "nb", and the asker "nc" (where its question and its claim are what na rec
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
 from appliance.broker.model import Message, SubscriptionOptions
 from appliance.cluster.ownership import FRESH, SessionClaim, encode_claim
-from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
-from appliance.cluster.wire import ClusterMessage, Forward, SessionDone, SessionState, SessionTakeover
+from appliance.cluster.wire import SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.cluster_wiring import ClusterWiring
-from appliance.server.config import load
 from appliance.server.node import Node
-
-WAIT = 15.0
-
-
-async def _until(predicate, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-class Peer:
-    """A peer of na: a ClusterService that records the forwards and session messages it is sent."""
-
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
-        self.received: list[str] = []
-        self.session_messages: list[ClusterMessage] = []
-        cfg = ClusterConfig(node_id=node_id, cluster="appliance", secret=b"k", host="127.0.0.1", port=0, mdns=False,
-                            heartbeat_interval=0.2, failure_timeout=5.0, anti_entropy_interval=30.0)
-        callbacks = ClusterCallbacks(on_forward=self._forward,
-                                     on_session_message=lambda _p, m: self.session_messages.append(m))
-        self.svc = ClusterService(cfg, callbacks)
-
-    def _forward(self, peer: str, fwd: Forward) -> None:
-        self.received.append(fwd.message.msg_id)
-        self.svc.forward_committed(peer, fwd.seq)
+from tests.cluster.wired_node import Peer, link, start_node, until, wiring_of
 
 
 async def _node(tmp_path: Path, failure_timeout: float = 5.0) -> tuple[Node, ClusterWiring]:
-    config = load(None, {"node": {"name": "na", "data_dir": str(tmp_path)},
-                         "cluster": {"enabled": True, "secret": "k", "mdns": False, "bind": "127.0.0.1:0",
-                                     "heartbeat_interval": 0.2, "failure_timeout": failure_timeout}})
-    node = Node(config)
-    node.store.open()
-    snapshot = node.store.load()
-    node.store.start(asyncio.get_running_loop())
-    node.broker.restore(snapshot)
-    wiring = node.cluster
-    assert wiring is not None
-    wiring.restore(snapshot)
-    await wiring.async_start()
-    for member in ("nb", "nc"):
-        wiring.svc.membership.known(member)
+    node = await start_node(tmp_path, "na", ("nb", "nc"), failure_timeout)
+    wiring = wiring_of(node)
     for cid, topic in (("s", "t/#"), ("u", "v/#")):  # both owned by nb
         claim = SessionClaim("nb", 1000.0, FRESH, True, {topic: SubscriptionOptions(qos=1)}, {}, {})
         wiring.svc.put("sessions", cid, encode_claim(claim))
@@ -79,8 +37,7 @@ def _message(msg_id: str, topic: str) -> Message:
 
 async def _link(wiring: ClusterWiring, peer: Peer) -> None:
     await peer.svc.async_start()
-    peer.svc.async_add_seed("127.0.0.1", wiring.svc.port)
-    await _until(lambda: wiring.svc.links.is_up(peer.node_id) and peer.svc.links.is_up("na"), f"{peer.node_id} linked")
+    await link(wiring.svc, peer.svc)
 
 
 async def test_forwards_for_a_session_being_resumed_elsewhere_follow_its_new_claim(tmp_path: Path) -> None:
@@ -96,7 +53,7 @@ async def test_forwards_for_a_session_being_resumed_elsewhere_follow_its_new_cla
         resumed = SessionClaim("nc", 2000.0, FRESH, True, {"t/#": SubscriptionOptions(qos=1)}, {}, {})
         wiring.svc.put("sessions", "s", encode_claim(resumed))  # nc's claim arrives
         wiring.route_remote(_message("m2", "v/x"), [])  # for u, still on nb: goes out after the release
-        await _until(lambda: "m2" in owner.received, "m2 at nb")
+        await until(lambda: "m2" in owner.received, "m2 at nb")
         assert owner.received == ["m2"]  # m1 never reached the old owner
         assert [f.message.msg_id for f in wiring.svc.senders["nc"].resend()] == ["m1"]  # it follows s to nc
     finally:
@@ -119,7 +76,7 @@ async def test_the_hold_ends_when_the_asker_gives_up(tmp_path: Path, ending: str
             wiring._on_session_message("nc", SessionDone(7, "s"))
         await _link(wiring, owner)
         wiring.route_remote(_message("m2", "t/x"), [])
-        await _until(lambda: len(owner.received) == 2, "m1 and m2 at nb")
+        await until(lambda: len(owner.received) == 2, "m1 and m2 at nb")
         assert owner.received == ["m1", "m2"]
     finally:
         await owner.svc.async_stop()
@@ -138,14 +95,14 @@ async def test_a_resume_refuses_when_the_owner_links_up_while_peers_are_asked(tm
         fetch = wiring.prepare_connect("s", False)
         assert fetch is not None
         task = asyncio.get_running_loop().create_task(fetch)
-        await _until(lambda: asker_peer.session_messages, "na's question at nc")
+        await until(lambda: asker_peer.session_messages, "na's question at nc")
         [question] = asker_peer.session_messages
         assert isinstance(question, SessionTakeover)
         await _link(wiring, owner)  # the owner is back while the question is out
         asker_peer.svc.send("na", SessionState(question.request_id, "s", False, b""))  # "no session here"
         assert await task == ReasonCode.SERVER_UNAVAILABLE
         assert "s" not in node.broker.sessions
-        await _until(lambda: len(asker_peer.session_messages) == 2, "SessionDone at nc")
+        await until(lambda: len(asker_peer.session_messages) == 2, "SessionDone at nc")
         assert asker_peer.session_messages[1] == SessionDone(question.request_id, "s")
     finally:
         await owner.svc.async_stop()
