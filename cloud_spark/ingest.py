@@ -146,14 +146,15 @@ def accepted(checked: DataFrame, versions: Mapping[int, VersionSpec] = VERSIONS,
 
 
 def suspects(checked: DataFrame) -> DataFrame:
-    """Per 64-bit hash of event_id seen more than once or on a rejected record: copies and whether any was rejected.
+    """Per 64-bit hash of event_id seen more than once: how many records carry it (rejected ones included).
 
-    One hash aggregation over fixed-width keys (cheap on every record); the result is small. A hash shared by two
-    different ids only makes them candidates: repeated_ids recounts the candidates by their exact id.
+    One hash aggregation over one fixed-width key, reading only the event_id column; the result is small. A hash
+    shared by two different ids, or a copy that was rejected, only makes an id a candidate: repeated_ids recounts
+    the candidates among the accepted records by their exact id.
     """
     return (checked.groupBy(F.xxhash64("event_id").alias("h"))
-            .agg(F.count(F.lit(1)).alias("copies"), F.max(F.col(REJECT).isNotNull()).alias("rejected"))
-            .where((F.col("copies") > 1) | F.col("rejected")))
+            .agg(F.count(F.lit(1)).alias("copies"))
+            .where(F.col("copies") > 1))
 
 
 def repeated_ids(good: DataFrame, suspect_rows: DataFrame) -> DataFrame:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameWriter, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from cloud_spark import clock, fate, ingest, latency, ordering, rollups, stamps
@@ -19,6 +19,14 @@ from cloud_spark.summary import build_summary
 TIMED_COLUMNS = ("fleet", "node", "device", "boot_id", "source", "kind", "msg_id", "subscriber", "publisher",
                  "publisher_seq", "topic", "qos", "dup", "reason", "peer_node", "ts_us", "place")
 PATH_COLUMNS = {"fleet": "path_fleet", "date": "path_date", "device": "path_device"}
+_STAMP_TIMES = tuple(f"{s}_at.{t}" for s in ("received", "committed", "routed", "delivered", "acked")
+                     for t in ("ts_us", "ts_mono_us"))
+# Nearly unique columns of the event-sized tables: Parquet would build a dictionary for each and then give it up.
+PLAIN_COLUMNS: dict[str, tuple[str, ...]] = {
+    "events": ("event_id", "msg_id", "ts_wall_us", "ts_mono_us"),
+    "fate": ("msg_id", "routed_us", "first_delivered_us", "received_us", "acked_us", *_STAMP_TIMES),
+    "latency": ("msg_id", "latency_us"),
+}
 
 
 @contextmanager
@@ -92,19 +100,19 @@ def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | 
         try:
             ingest.suspects(checked).write.mode("overwrite").parquet(f"{out}/_staging/suspects")
             suspects = spark.read.parquet(f"{out}/_staging/suspects")
-            flags = suspects.agg(F.max("rejected").alias("rejected"), F.max("copies").alias("copies")).first()
-            rejected = bool(flags and flags["rejected"])
-            repeated_copies = bool(flags and (flags["copies"] or 0) > 1)
-            bad = (ingest.quarantine(checked) if rejected  # no record rejected: no second full read for nothing
-                   else spark.createDataFrame([], ingest.QUARANTINE_SCHEMA).select(*ingest.QUARANTINE_COLUMNS))
-            bad.write.mode("overwrite").partitionBy("path_fleet", "path_date").parquet(f"{out}/quarantine")
             good = ingest.accepted(checked, versions, keep=("file", ingest.ROW))
             repeated = None
-            if repeated_copies:
+            if suspects.limit(1).count():
                 ingest.repeated_ids(good, suspects).write.mode("overwrite").parquet(f"{out}/_staging/repeated")
                 repeated = spark.read.parquet(f"{out}/_staging/repeated")
-            (ingest.dedupe(good, repeated).write.mode("overwrite")
-             .partitionBy("fleet", "date").parquet(f"{out}/events"))
+            # the events pass counts the rejected records it skips, so the quarantine needs no pass of its own
+            seen = Observation("ingest")
+            kept = ingest.accepted(checked.observe(seen, F.count(ingest.REJECT).alias("rejected")), versions,
+                                   keep=("file", ingest.ROW))
+            overwrite(ingest.dedupe(kept, repeated), "events").partitionBy("fleet", "date").parquet(f"{out}/events")
+            bad = (ingest.quarantine(checked) if seen.get["rejected"]
+                   else spark.createDataFrame([], ingest.QUARANTINE_SCHEMA).select(*ingest.QUARANTINE_COLUMNS))
+            bad.write.mode("overwrite").partitionBy("path_fleet", "path_date").parquet(f"{out}/quarantine")
         finally:
             if has_json:
                 checked.unpersist()
@@ -140,7 +148,7 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
     with step("analyze: message fate"):
         facts = fate.fates(fate.pairs(timed, places), fate.messages(timed, places), fate.receipts(timed),
                            fate.logged_clients(timed), window_end_us, grace_us)
-        facts.write.mode("overwrite").partitionBy("fleet", "date").parquet(f"{out}/fate")
+        overwrite(facts, "fate").partitionBy("fleet", "date").parquet(f"{out}/fate")
         fate.ingress_drops(timed).write.mode("overwrite").parquet(f"{out}/ingress_drops")
     fates = spark.read.schema(facts.schema).parquet(f"{out}/fate")  # schema given: an empty table still reads
     with step("analyze: ordering"):
@@ -150,19 +158,31 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
         ordering.streams(ordering.delivered(fates), late).write.mode("overwrite").parquet(f"{out}/streams")
     with step("analyze: latency"):
         lat = latency.hop_latencies(fates, latency.forwards(timed, places), places)
-        lat.write.mode("overwrite").partitionBy("fleet", "hop").parquet(f"{out}/latency")
+        overwrite(lat, "latency").partitionBy("fleet", "hop").parquet(f"{out}/latency")
         lat = spark.read.schema(lat.schema).parquet(f"{out}/latency")
         latency.latency_summary(lat).write.mode("overwrite").parquet(f"{out}/latency_summary")
         latency.latency_histogram(lat).write.mode("overwrite").parquet(f"{out}/latency_hist")
     with step("analyze: roll-ups and incidents"):
-        for dim in rollups.DIMENSIONS:
-            rollups.rollup(fates, late, dim).write.mode("overwrite").parquet(f"{out}/rollup_{dim}")
+        sets = rollups.rollup_sets(fates, late).cache()  # one pass over the fates for every dimension; small
+        try:
+            for dim in rollups.DIMENSIONS:
+                rollups.rollup_of(sets, dim).write.mode("overwrite").parquet(f"{out}/rollup_{dim}")
+        finally:
+            sets.unpersist()
         inc = rollups.incidents(timed, window_end_us)
         rollups.incident_impact(inc, fates, late).write.mode("overwrite").parquet(f"{out}/incidents")
     with step("analyze: summary"):
         summary = build_summary(spark, out, window_end_us, grace_us, ingest_summary)
         write_text(spark, f"{out}/summary.json", json.dumps(summary, indent=2, sort_keys=True))
     return summary
+
+
+def overwrite(df: DataFrame, table: str) -> DataFrameWriter:
+    """df's writer in overwrite mode, without dictionary encoding for the table's nearly unique columns."""
+    w = df.write.mode("overwrite")
+    for c in PLAIN_COLUMNS.get(table, ()):
+        w = w.option(f"parquet.enable.dictionary#{c}", "false")
+    return w
 
 
 def write_text(spark: SparkSession, path: str, text: str) -> None:

@@ -74,21 +74,21 @@ def hop_latencies(fate_rows: DataFrame, forward_rows: DataFrame, place_rows: Dat
     return out
 
 
-def _percentiles(df: DataFrame, keys: list[str | Column]) -> DataFrame:
+def latency_summary(lat_rows: DataFrame) -> DataFrame:
+    """p50/p95/p99 per hop, per fleet and over all fleets (fleet '*'); untrusted-clock samples counted, not used.
+
+    One grouping-sets pass: (fleet, hop) and (hop) together.
+    """
     trusted = F.when(F.col("clock_ok"), F.col("latency_us"))
     q = F.percentile_approx(trusted, list(QUANTILES), ACCURACY)
-    return df.groupBy(*keys).agg(
+    sets = lat_rows.groupingSets([[F.col("fleet"), F.col("hop")], [F.col("hop")]], "fleet", "hop").agg(
+        F.grouping("fleet").alias("_all"),
         F.count(F.lit(1)).alias("measured"),
         F.sum(F.when(F.col("clock_ok"), 0).otherwise(1)).alias("untrusted_clock"),
         q[0].alias("p50_us"), q[1].alias("p95_us"), q[2].alias("p99_us"),
         F.max(trusted).alias("max_us"))
-
-
-def latency_summary(lat_rows: DataFrame) -> DataFrame:
-    """p50/p95/p99 per hop, per fleet and over all fleets (fleet '*'); untrusted-clock samples counted, not used."""
-    per_fleet = _percentiles(lat_rows, ["fleet", "hop"])
-    overall = _percentiles(lat_rows.withColumn("fleet", F.lit("*")), ["fleet", "hop"])
-    return per_fleet.unionByName(overall)
+    fleet = F.when(F.col("_all") == 1, F.lit("*")).otherwise(F.col("fleet")).alias("fleet")
+    return sets.select(fleet, "hop", "measured", "untrusted_clock", "p50_us", "p95_us", "p99_us", "max_us")
 
 
 def latency_histogram(lat_rows: DataFrame) -> DataFrame:

@@ -18,25 +18,58 @@ def _count(cond: Column) -> Column:
     return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
 
 
-def rollup(fate_rows: DataFrame, late_rows: DataFrame, dimension: str) -> DataFrame:
-    """Counts of each fate, duplicates, late deliveries and receive->deliver latency for one dimension."""
-    keys = list(DIMENSIONS[dimension])
+KEYS = ("fleet", "device", "node", "firmware", "hour")
+
+
+def _set_id(keys: tuple[str, ...]) -> int:
+    """grouping_id() of one grouping set over KEYS: a bit per key left out, the first key the highest bit."""
+    return sum(1 << (len(KEYS) - 1 - i) for i, k in enumerate(KEYS) if k not in keys)
+
+
+def rollup_sets(fate_rows: DataFrame, late_rows: DataFrame) -> DataFrame:
+    """Every dimension's roll-up in one grouping-sets pass over the fates: `dimension`, KEYS (null if unused), counts.
+
+    Counts of each fate, duplicates, late deliveries and receive->deliver latency; rollup_of picks one dimension.
+    """
+    sets = [[F.col(k) for k in keys] for keys in DIMENSIONS.values()]
+    dim = F.lit(None).cast("string")
+    for name, keys in DIMENSIONS.items():
+        dim = F.when(F.col("_set") == _set_id(keys), F.lit(name)).otherwise(dim)
     delivered = F.col("delivered_at")
     same_boot = (F.col("received_at.node") == delivered.node) & (F.col("received_at.boot_id") == delivered.boot_id)
     lat = F.when(same_boot, delivered.ts_mono_us - F.col("received_at.ts_mono_us")).when(
         F.col("received_at.boot_synced") & delivered.boot_synced, delivered.ts_us - F.col("received_at.ts_us"))
     q = F.percentile_approx(lat, list(QUANTILES), ACCURACY)
-    counts = fate_rows.groupBy(*keys).agg(
+    counts = fate_rows.groupingSets(sets, *KEYS).agg(
+        F.grouping_id().alias("_set"),
         F.count(F.lit(1)).alias("pairs"),
         *[_count(F.col("fate") == f).alias(f) for f in FATES],
         _count(F.col("duplicated")).alias("duplicated"),
         _count(F.col("e2e_fate") == "lost").alias("e2e_lost"),
         q[0].alias("deliver_p50_us"), q[1].alias("deliver_p95_us"), q[2].alias("deliver_p99_us"),
-    )
-    late = late_rows.groupBy(*keys).agg(F.count(F.lit(1)).alias("late"), F.sum("displacement").alias("inversions"))
-    return (counts.join(late, keys, "left")
-            .withColumn("late", F.coalesce("late", F.lit(0)).cast("long"))
-            .withColumn("inversions", F.coalesce("inversions", F.lit(0)).cast("long")))
+    ).withColumn("dimension", dim)
+    late = late_rows.groupingSets(sets, *KEYS).agg(
+        F.grouping_id().alias("_set"), F.count(F.lit(1)).alias("late"), F.sum("displacement").alias("inversions"))
+    late = late.withColumn("dimension", dim).select(
+        *[F.col(c).alias(f"_l_{c}") for c in ("dimension", *KEYS)], "late", "inversions")
+    on = [F.col(c).eqNullSafe(F.col(f"_l_{c}")) for c in ("dimension", *KEYS)]
+    return (counts.join(late, on, "left")
+            .select("dimension", *KEYS, *[c for c in counts.columns if c not in (*KEYS, "_set", "dimension")],
+                    F.coalesce("late", F.lit(0)).cast("long").alias("late"),
+                    F.coalesce("inversions", F.lit(0)).cast("long").alias("inversions")))
+
+
+def rollup_of(set_rows: DataFrame, dimension: str) -> DataFrame:
+    """One dimension's roll-up from rollup_sets' rows: its keys, then the counts."""
+    keys = DIMENSIONS[dimension]
+    drop = {"dimension", *KEYS}
+    return (set_rows.where(F.col("dimension") == dimension)
+            .select(*keys, *[c for c in set_rows.columns if c not in drop]))
+
+
+def rollup(fate_rows: DataFrame, late_rows: DataFrame, dimension: str) -> DataFrame:
+    """One dimension's roll-up (rollup_of over rollup_sets)."""
+    return rollup_of(rollup_sets(fate_rows, late_rows), dimension)
 
 
 def incidents(timed: DataFrame, window_end_us: int) -> DataFrame:

@@ -18,6 +18,10 @@ JOB_CONF = {
     # partitioned writes keep one open file per partition value instead of sorting every row by it first
     "spark.sql.optimizer.plannedWrite.enabled": "false",
     "spark.sql.maxConcurrentOutputFileWriters": "64",
+    # joins whose shuffled partitions are small build a hash table instead of sorting both sides
+    "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": "64MB",
+    # percentile digests of a few hundred groups (roll-ups, latency) stay hash-aggregated instead of sorting the rows
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1024",
 }
 
 

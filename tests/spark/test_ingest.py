@@ -124,3 +124,17 @@ def test_bad_command_lines_exit_non_zero(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as exc:
         main(["teleport", "x"])
     assert exc.value.code == 2
+
+
+def test_a_days_rejects_are_quarantined_when_other_days_are_already_ingested(spark: Any, tmp_path: Path) -> None:
+    n = Node("n1", "d1")
+    src, out = tmp_path / "segments", tmp_path / "tables"
+    write_segment(src, [good(n, i) for i in range(1, 6)], date="2026-11-20")
+    write_segment(src, [good(n, 6), {**good(n, 7), "kind": "vanished"}], date="2026-11-21")
+    jobs.ingest_job(spark, str(src), str(out), dates=["2026-11-20"])
+    stats = jobs.ingest_job(spark, str(src), str(out), dates=["2026-11-21"])  # the next day's run, same tables
+    q = spark.read.parquet(f"{out}/quarantine").select("event_id", "reason", "path_date")
+    expected = spark.createDataFrame([("n1:n1-boot:7", "unknown kind: vanished", "2026-11-21")],
+                                     "event_id string, reason string, path_date string")
+    assert_df_equality(q, expected, ignore_nullable=True)
+    assert stats["events"] == 6 and stats["quarantined"] == {"unknown kind: vanished": 1}
