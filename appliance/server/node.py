@@ -30,6 +30,11 @@ from .metrics_http import async_start_metrics
 from .sys_topics import publish_sys
 from .systemd import Notifier
 
+# Cyclic GC thresholds once running. Each message allocates several tracked objects that live until its PUBACK;
+# the default first threshold (700) collected every ~100 messages and cost ~2 us of CPU per QoS1 message (10 %),
+# walking in-flight objects that refcounting frees anyway. Cycles are rare here; this keeps them bounded.
+GC_THRESHOLDS = (50_000, 20, 100)
+
 log = logging.getLogger("appliance.node")
 
 EXIT_OK, EXIT_CONFIG, EXIT_STORE, EXIT_LISTEN = 0, 2, 3, 4
@@ -151,6 +156,7 @@ class Node:
                     raise NodeError(f"store: {exc}", EXIT_STORE) from None
         finally:
             gc.freeze()  # what recovery built lives long: later collections need not walk it (refcounts still free it)
+            gc.set_threshold(*GC_THRESHOLDS)
             gc.enable()
         queued = sum(len(q) for q in snapshot.queues.values())
         log.info("recovered %d sessions, %d queued messages, %d retained", len(snapshot.sessions), queued,
