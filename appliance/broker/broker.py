@@ -9,6 +9,7 @@ from typing import Any
 
 from appliance.protocol.packets import (
     MQTT_5,
+    NO_PROPERTIES,
     Connack,
     Connect,
     Disconnect,
@@ -404,7 +405,7 @@ class Broker:
         if qos == 0:
             return
         code = ReasonCode.NO_MATCHING_SUBSCRIBERS if v5 and not reached else ReasonCode.SUCCESS
-        ack = Puback(pid, code) if qos == 1 else Pubrec(pid, code)  # type: ignore[arg-type]
+        ack = Puback(pid, code, NO_PROPERTIES) if qos == 1 else Pubrec(pid, code, NO_PROPERTIES)  # type: ignore[arg-type]
         if persisted and events is not None:  # one callback after the commit: the event, then the ack
             session.pending_acks += 1
             self.store.after_commit(self._committed, message, session, link, ack)

@@ -9,6 +9,7 @@ from .errors import MalformedPacket, MQTTError, PacketTooLarge, ProtocolError, U
 from .packets import (
     MQTT_5,
     MQTT_311,
+    NO_PROPERTIES,
     Auth,
     Connack,
     Connect,
@@ -351,7 +352,7 @@ class Decoder:
                 packet_id = (buf[p] << 8) | buf[p + 1]  # the two-byte form of PUBACK..PUBCOMP [MQTT-3.4.2.1]
                 if not packet_id:
                     raise ProtocolError("packet identifier 0 is invalid [MQTT-2.2.1-3]")
-                out.append(_SHORT_ACKS[first](packet_id))
+                out.append(_SHORT_ACKS[first](packet_id, ReasonCode.SUCCESS, NO_PROPERTIES))
             else:
                 out.append(self._other(first, buf, p, pend))
             pos = pend
@@ -415,7 +416,7 @@ class Decoder:
             start = tend
         if v5:
             start += 1
-        return Publish(topic, buf[start:pend], qos, bool(first & 1), bool(first & 8), packet_id, Properties())
+        return Publish(topic, buf[start:pend], qos, bool(first & 1), bool(first & 8), packet_id, NO_PROPERTIES)
 
     def _other(self, first: int, buf: bytes, p: int, pend: int) -> Packet:
         """Decode any packet but a fast-path PUBLISH, checking the fixed-header flags [MQTT-2.1.3-1]."""

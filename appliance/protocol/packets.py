@@ -64,6 +64,12 @@ class Properties:
     shared_subscription_available: int | None = None  # 0x2A
 
 
+# One shared all-default Properties for hot-path packets that carry none (decoded 3.1.1 / property-less PUBLISHes,
+# two-byte acks, the broker's plain PUBACKs): it saves an object of 27 fields per packet. Never mutate it (or the
+# Properties of a received packet): copy with dataclasses.replace instead.
+NO_PROPERTIES = Properties()
+
+
 @dataclass(slots=True)
 class Will:
     """The Will Message carried in CONNECT [MQTT-3.1.2.5]."""

@@ -9,7 +9,7 @@ from dataclasses import fields
 from typing import Any
 
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
-from appliance.protocol.packets import Properties, Will
+from appliance.protocol.packets import NO_PROPERTIES, Properties, Will
 
 _PROPERTY_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Properties))
 _BYTES_PROPERTIES = frozenset({"correlation_data", "authentication_data"})
@@ -23,6 +23,8 @@ MessageRow = tuple[str, str, bytes, int, int, str, float, float | None, str | No
 
 def properties_to_text(props: Properties) -> str | None:
     """Serialise the non-default fields of `props` as compact JSON; None when every field is default."""
+    if props is NO_PROPERTIES:
+        return None
     values = _all_properties(props)
     if values == _DEFAULT_VALUES:
         return None
