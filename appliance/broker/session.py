@@ -105,11 +105,28 @@ class Session:
 
     def enqueue(self, delivery: Delivery) -> None:
         """Append a QoS>0 delivery in order and persist it when the session is persistent."""
+        link = self.link
+        if link is not None and delivery.qos == 1 and not self.queue and len(self.inflight) < self.receive_maximum:
+            expiry_at = delivery.message.expiry_at
+            if expiry_at is None or expiry_at > self.clock():
+                self._send_now(link, delivery)
+                return
         if self.store is not None:
             self.store.enqueue(self.record.client_id, delivery)
         self.queue.append(delivery)
-        if self.link is not None:
+        if link is not None:
             self.pump()
+
+    def _send_now(self, link: ClientLink, delivery: Delivery) -> None:
+        """enqueue + pump for a QoS1 delivery the window has room for: its queue row is written SENT at once."""
+        pid = self._allocate_packet_id()
+        delivery.packet_id = pid
+        delivery.state = DeliveryState.SENT
+        self.inflight[pid] = delivery
+        if self.store is not None:
+            self.store.enqueue(self.record.client_id, delivery)  # the row pump's enqueue + update would leave
+        delivery.attempts += 1
+        self._send_first(link, delivery, pid)
 
     def pump(self) -> None:
         """Send waiting deliveries while the inflight window has room [MQTT-4.9]."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
@@ -214,6 +215,8 @@ class ClusterStore:
         self.inner.enqueue(client_id, delivery)
         if self.on_enqueued is not None:
             self.on_enqueued(client_id, delivery)
+        if delivery.state is DeliveryState.SENT and delivery.qos == 1:  # sent as it was queued (Session._send_now):
+            delivery = replace(delivery, packet_id=None, state=DeliveryState.QUEUED)  # replicas hold QoS1 queued
         self._op(client_id, OP_ENQUEUE, encode_delivery(delivery), True)
 
     def update_delivery(self, client_id: str, seq: int, state: DeliveryState, packet_id: int | None) -> None:
