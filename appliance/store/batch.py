@@ -197,12 +197,42 @@ def remove_rows(conn: sqlite3.Connection, keys: list[tuple[str, int]]) -> None:
     conn.executemany(_DELETE_RANGE, ranges)
 
 
+def _apply_queue_only(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, int] | None:
+    """apply() in one pass for a batch of queue inserts and removals only (the QoS1 flow); None, having run nothing,
+    when the batch holds any other kind.
+
+    Removals run first as range deletes; each insert runs unless a later removal in the batch deletes its row, and of
+    inserts of one row the last wins: rows of distinct keys commute, so the end state equals running every op in order.
+    """
+    rows: dict[tuple[str, int], Any] = {}
+    removals: list[tuple[str, int]] = []
+    elided = 0
+    for kind, p in writes:
+        if kind == ENQUEUE:
+            rows[(p[0], p[1])] = p
+        elif kind == REMOVE_DELIVERY:
+            removals.append(p)
+            if rows.pop(p, None) is not None:
+                elided += 1
+        else:
+            return None
+    if removals:
+        remove_rows(conn, removals)
+    if rows:
+        cache: dict[int, MessageRow] = {}
+        conn.executemany(_SQL[ENQUEUE][0], [(p[0], p[1], *_message_cells(p[2], cache), *p[3:]) for p in rows.values()])
+    return len(removals) + len(rows), elided
+
+
 def apply(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, int]:
     """Run `writes` inside the caller's transaction; return (ops executed, ops saved by coalescing).
 
     After coalescing no insert or update of a row precedes its removal, so every removal runs first (deletes
     commute), as range deletes; the rest run in call order, one executemany per run of one kind.
     """
+    done = _apply_queue_only(conn, writes)
+    if done is not None:
+        return done
     writes, dropped = coalesce(writes)
     executed = len(writes)
     keys = [op[1] for op in writes if op[0] == REMOVE_DELIVERY]
