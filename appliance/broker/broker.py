@@ -380,7 +380,7 @@ class Broker:
                 raise BrokerError("publish refused by the cluster policy", ReasonCode(refusal))
             self._ack(session, link, Puback(pid, refusal) if qos == 1 else Pubrec(pid, refusal), False)  # type: ignore[arg-type]
             return
-        if qos and self.router.queue_full_for(message):
+        if qos and settings.queue_full_policy == "refuse" and self.router.queue_full_for(message):
             self.metrics.drop("queue_full_refused")
             code = ReasonCode.QUOTA_EXCEEDED if v5 else ReasonCode.SUCCESS
             self._ack(session, link, Puback(pid, code) if qos == 1 else Pubrec(pid, code), False)  # type: ignore[arg-type]

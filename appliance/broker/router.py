@@ -70,8 +70,19 @@ class Router:
         """Deliver to every matching session; returns (sessions reached here, whether anything was persisted, the
         members of other nodes that shared groups chose: the cluster forwards to those)."""
         match = self.tree.match(message.topic)
-        if not match.subscribers and not match.shared and not remote_shared:
-            return 0, False, []
+        subscribers = match.subscribers
+        if not match.shared and not remote_shared:
+            if not subscribers:
+                return 0, False, []
+            if len(subscribers) == 1:  # one matching subscription: nothing to aggregate
+                client_id, topic_filter, options = subscribers[0]
+                session = self.sessions.get(client_id)
+                if session is None or (options.no_local and client_id == message.publisher):  # [MQTT-3.8.3-3]
+                    return 0, False, []
+                sub_ids = [options.subscription_id] if options.subscription_id else []
+                retain = message.retain and options.retain_as_published  # [MQTT-3.3.1-12,13]
+                return 1, self.deliver(session, message, min(message.qos, options.qos), retain, sub_ids,
+                                       topic_filter), []
         targets: dict[str, tuple[int, bool, list[int], str]] = {}
         publisher = message.publisher
         for client_id, topic_filter, options in match.subscribers:
@@ -179,7 +190,7 @@ class Router:
                 if events is not None:
                     events.emit("dropped", message=message, subscriber=session.client_id, reason="qos0_offline")
                 return False
-        if session.queued_count() >= self.settings.max_queued_messages:
+        if len(session.queue) + len(session.inflight) >= self.settings.max_queued_messages:  # queued_count()
             policy = self.settings.queue_full_policy
             if policy == "drop-oldest" and session.queue:
                 dropped = session.drop_oldest()
@@ -192,7 +203,7 @@ class Router:
                     events.emit("dropped", message=message, subscriber=session.client_id, reason="queue_full")
                 return False
         delivery = Delivery(session.next_seq(), message, qos, retain, sub_ids)
-        online = session.online
+        online = session.link is not None
         session.enqueue(delivery)
         if events is not None and not online:
             events.emit("queued_offline", message=message, subscriber=session.client_id, qos=qos)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from appliance.broker.broker import BrokerError
 from appliance.broker.model import Message
 from appliance.protocol.codec import encode_publish_properties
-from appliance.protocol.connection import Connection
+from appliance.protocol.connection import Connection, State
 from appliance.protocol.errors import MQTTError
 from appliance.protocol.packets import MQTT_5, Connack, Connect, Disconnect, Packet, Properties
 from appliance.protocol.reason_codes import ReasonCode
@@ -204,7 +204,7 @@ class ClientProtocol(asyncio.Protocol):
             for later in held:
                 self._write(self._encode(later))
             return
-        self._write(self._encode(packet))
+        self._write(self.conn.send(packet))  # _encode, inlined
 
     def _encode(self, packet: Packet) -> bytes:
         return self.conn.send(packet)
@@ -213,14 +213,14 @@ class ClientProtocol(asyncio.Protocol):
         self, message: Message, qos: int, retain: bool, packet_id: int | None, dup: bool, subscription_ids: list[int]
     ) -> bool:
         """Encode and queue one PUBLISH; False when it exceeds the client's Maximum Packet Size."""
-        if self.closed or self.conn.closed:  # e.g. PUBACKs read together with a DISCONNECT refill the window
+        conn = self.conn
+        if self.closed or conn.state is State.CLOSED:  # e.g. PUBACKs read with a DISCONNECT refill the window
             return True  # the session keeps it inflight; it is resent on the next connection
         if qos == 0 and self._paused_writing and self.node.flow.is_slow(self):
             self.node.broker.metrics.drop("slow_consumer")
             return True
-        v5 = self.protocol_version == MQTT_5
         props = b""
-        if v5:
+        if self.protocol_version == MQTT_5:
             if message.expiry_at is not None:
                 remaining = max(0, int(message.expiry_at - self.node.clock()))  # [MQTT-3.3.2-6]
                 props = encode_publish_properties(_with_expiry(message.properties, remaining))
@@ -229,14 +229,16 @@ class ClientProtocol(asyncio.Protocol):
                 if cached is None:
                     cached = message.wire_properties = encode_publish_properties(message.properties)
                 props = cached
-        data = self.conn.send_publish(
-            message.topic, message.payload, qos, retain, dup, packet_id, props, subscription_ids
-        )
+        data = conn.send_publish(message.topic, message.payload, qos, retain, dup, packet_id, props, subscription_ids)
+        metrics = self.node.broker.metrics
         if not data:  # larger than the client's Maximum Packet Size [MQTT-3.1.2-25]
-            self.node.broker.metrics.drop("packet_too_large")
+            metrics.drop("packet_too_large")
             return False
-        self._write(data)
-        self.node.broker.metrics.bytes_out += len(data)
+        self._out.append(data)  # _write, inlined
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        metrics.bytes_out += len(data)
         return True
 
     def close(self, reason_code: int | None = None) -> None:
