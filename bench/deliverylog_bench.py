@@ -160,15 +160,19 @@ async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process"
         node_module.DeliveryLog = functools.partial(DeliveryLog, process=mode == "process")  # type: ignore[misc]
     node = node_module.Node(load(None, overrides))
     await node.async_start()
+    import threading
+
+    with open(os.path.join(data_dir, "threads.json"), "w") as f:  # thread names by native id, for per-thread CPU
+        json.dump({str(t.native_id): t.name for t in threading.enumerate()}, f)
     stats_path = os.path.join(data_dir, "gc.json")  # the round reads it after the broker exits
-    collections, seconds, started = [0, 0, 0], [0.0, 0.0, 0.0], [0.0]
+    log: list[tuple[float, int, float]] = []  # (wall time at its start, generation, thread CPU s) per collection
+    started = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
-            started[0] = time.thread_time()
+            started[0], started[1] = time.time(), time.thread_time()
         else:
-            collections[info["generation"]] += 1
-            seconds[info["generation"]] += time.thread_time() - started[0]
+            log.append((started[0], info["generation"], time.thread_time() - started[1]))
 
     gc.callbacks.append(on_gc)
     try:
@@ -176,7 +180,7 @@ async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process"
     finally:
         gc.callbacks.remove(on_gc)
         with open(stats_path, "w") as f:
-            json.dump({"collections": collections, "seconds": seconds}, f)
+            json.dump(log, f)
 
 
 def _cpu_seconds(pid: int) -> tuple[float, float]:
@@ -199,6 +203,20 @@ def _cpu_seconds(pid: int) -> tuple[float, float]:
         return total
 
     return own(pid), tree(pid)
+
+
+def _thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of process `pid`, by native thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[int(task)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def _children(pid: int) -> list[int]:
@@ -249,6 +267,7 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
     the broker during the load into that file.
     """
     import json
+    import resource
     import signal
     import socket
     import subprocess
@@ -279,12 +298,19 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
             for child in _children(broker.pid):
                 subprocess.run(["taskset", "-a", "-p", "-c", LOADGEN_CPU, str(child)], check=True,
                                stdout=subprocess.DEVNULL)
+        threads0 = _thread_cpu(broker.pid)
         cpu0 = _cpu_seconds(broker.pid)
+        t0 = time.time()
         spy = _spy(broker.pid, duration, spy_out) if spy_out else None
+        usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", "qos1", "--port", str(port),
                                                   "--duration", str(duration), "--max-messages", "2000000"]),
                              capture_output=True, text=True, timeout=600, check=True).stdout
+        usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        loadgen_cpu = usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
         cpu1 = _cpu_seconds(broker.pid)
+        t1 = time.time()
+        threads1 = _thread_cpu(broker.pid)
         if spy is not None:
             spy.wait(60)
             print(f"  py-spy ({'on' if logging_on else 'off'}): {_spy_summary(spy_out)}", flush=True)
@@ -295,10 +321,28 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
     try:
         with open(os.path.join(tmp, "data", "gc.json")) as f:
             gcs = json.load(f)
-        print(f"  broker gc ({'on' if logging_on else 'off'}): collections by generation {gcs['collections']}, "
-              f"{sum(gcs['seconds']) * 1e3:.0f} ms CPU {[round(x * 1e3) for x in gcs['seconds']]}", flush=True)
+        window = [(gen, cpu) for t, gen, cpu in gcs if t0 <= t <= t1]  # the load window only
+        counts = [sum(1 for g, _ in window if g == gen) for gen in range(3)]
+        us = [sum(c for g, c in window if g == gen) / max(result["delivered"], 1) * 1e6 for gen in range(3)]
+        print(f"  broker gc ({'on' if logging_on else 'off'}), load window: collections by generation {counts}, "
+              f"CPU {sum(us):.2f} us/msg {[round(x, 2) for x in us]}", flush=True)
     except (OSError, ValueError, KeyError):
         pass
+    try:
+        with open(os.path.join(tmp, "data", "threads.json")) as f:
+            names = {int(k): v for k, v in json.load(f).items()}
+    except (OSError, ValueError):
+        names = {}
+    per_thread: dict[str, float] = {}
+    for tid, cpu in threads1.items():
+        name = "main" if tid == broker.pid else names.get(tid, "other")
+        per_thread[name] = per_thread.get(name, 0.0) + cpu - threads0.get(tid, 0.0)
+    delivered_n = max(result["delivered"], 1)
+    print(f"  broker threads ({'on' if logging_on else 'off'}), CPU us/msg: "
+          f"[{result['delivered_rate']:.0f} msg/s; load generator {loadgen_cpu / delivered_n * 1e6:.1f}, writer child "
+          f"{(cpu1[1] - cpu0[1] - cpu1[0] + cpu0[0]) / delivered_n * 1e6:.1f}] "
+          + ", ".join(f"{k} {v / delivered_n * 1e6:.1f}" for k, v in sorted(per_thread.items(), key=lambda x: -x[1])),
+          flush=True)
     size = 0
     if log_dir:
         from appliance.deliverylog import read_segments

@@ -1,7 +1,10 @@
 """Flat event batches [kind, wall, mono, fields, ...]: their marshal form, and their fields as Arrow columns by kind.
 
-A batch's positional events (positional.LAYOUTS tuples) become columns by transposing each kind's tuples at once
-(no dict per event); keyword events (dicts) take the per-event path. Columns come back in emit order.
+What DeliveryLog queues is a *queued* batch: a positional event is its kind, clocks and values inline (kind, wall,
+mono, *values; VALUES[kind] values, no tuple), a keyword event is kind, wall, mono, fields dict. fixed_flat() turns
+one into a flat batch. A batch's positional events (positional.LAYOUTS tuples) become columns by transposing each
+kind's tuples at once (no dict per event); keyword events (dicts) take the per-event path. Columns come back in emit
+order.
 """
 
 from __future__ import annotations
@@ -23,6 +26,48 @@ NULLABLE = tuple(name for name, (_, nullable) in FIELDS.items() if nullable)
 _ARROW_TYPES = {"string": "string", "int": "int32", "long": "int64", "boolean": "bool_"}
 
 Item = tuple[str, int, int, Any]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fields (a dict or a LAYOUTS tuple)
+
+
+VALUES = {kind: len(layout) for kind, layout in LAYOUTS.items()}  # values a queued positional event carries inline
+
+
+def fixed_flat(queued: list[Any]) -> list[Any]:
+    """A queued batch as a flat batch [kind, wall, mono, fields, ...]; ValueError when it does not parse."""
+    out: list[Any] = []
+    sizes = VALUES
+    i, n = 0, len(queued)
+    try:
+        while i < n:
+            kind = queued[i]
+            first = queued[i + 3]
+            if type(first) is dict:
+                out += (kind, queued[i + 1], queued[i + 2], first)
+                i += 4
+            else:
+                end = i + 3 + sizes[kind]
+                out += (kind, queued[i + 1], queued[i + 2], tuple(queued[i + 3 : end]))
+                i = end
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"queued batch does not parse at entry {i}") from None
+    if i != n:
+        raise ValueError(f"queued batch ends inside an event ({n} entries, next event at {i})")
+    return out
+
+
+def queued_starts(queued: list[Any], limit: int | None = None) -> list[int]:
+    """Offsets of the events of a queued batch (of its first `limit` events); ValueError when it does not parse."""
+    starts: list[int] = []
+    sizes = VALUES
+    i, n = 0, len(queued)
+    try:
+        while i < n and (limit is None or len(starts) < limit):
+            starts.append(i)
+            i += 4 if type(queued[i + 3]) is dict else 3 + sizes[queued[i]]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"queued batch does not parse at entry {i}") from None
+    if i > n:
+        raise ValueError(f"queued batch ends inside an event ({n} entries, next event at {i})")
+    return starts
 
 
 def items_of(flat: list[Any]) -> list[Item]:

@@ -68,6 +68,8 @@ def main() -> int:
         while (frame := reader.read()) is not None:
             if frame[0] == b"B":
                 writer.write_packed(frame[1])
+            elif frame[0] == b"V":
+                writer.write_queued_packed(frame[1])
         writer.close()
         return 0
 
@@ -88,7 +90,9 @@ def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
             writer.close()
             return 0
         kind, payload = frame
-        if kind == b"B":
+        if kind == b"V":
+            writer.write_queued_packed(payload)
+        elif kind == b"B":
             writer.write_packed(payload)
         elif kind == b"L":
             reason, events = json.loads(payload)

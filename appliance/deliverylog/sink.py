@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .batch import queued_starts
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .positional import LAYOUTS
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
@@ -27,8 +28,8 @@ def _message_tuple(msg: Any) -> tuple[Any, ...]:
 class DeliveryLog:
     """An EventSink writing schema-v1 delivery-log segments for one node (or one client, source="client").
 
-    emit() only timestamps and appends to a list; a thread drains it every `flush_interval_s` (kept short so queued
-    events die young for the garbage collector) into the writer, a child process unless process=False.
+    emit() only timestamps and appends to a list (the hot events' values inline, see batch.py); a thread drains it
+    every `flush_interval_s` into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
     Closed segments are Parquet (`format="parquet"`, the open one journaled as checksummed binary batches) or gzip
@@ -110,32 +111,30 @@ class DeliveryLog:
                 fields["msg_id"] = message.msg_id
         self._extend((kind, _time_ns(), _mono_ns(), fields))
 
-    # -- the hot events: positional, one tuple each (positional.LAYOUTS), no keyword dict ----------------------------
+    # -- the hot events: positional, their values inline in the queue (batch.VALUES), no tuple or dict per event -----
 
     def received(self, message: Any, publisher_packet_id: int | None) -> None:
         """A message accepted from a publisher (its first event: every message field)."""
         props = message.properties
-        user = props.user_properties if props is not None else None
-        self._extend(("received", _time_ns(), _mono_ns(), (
-            message.msg_id, message.publisher, message.topic, message.qos, message.retain, len(message.payload),
-            tuple(user) if user else None, publisher_packet_id,
-        )))
+        self._extend(("received", _time_ns(), _mono_ns(), message.msg_id, message.publisher, message.topic,
+                      message.qos, message.retain, len(message.payload),
+                      props.user_properties or None if props is not None else None, publisher_packet_id))
 
     def committed(self, message: Any) -> None:
         """The message is on disk here."""
-        self._extend(("committed", _time_ns(), _mono_ns(), (message.msg_id,)))
+        self._extend(("committed", _time_ns(), _mono_ns(), message.msg_id))
 
     def routed(self, message: Any, subscriber: str, topic_filter: str, qos: int) -> None:
         """The message matched one subscriber's filter."""
-        self._extend(("routed", _time_ns(), _mono_ns(), (message.msg_id, subscriber, topic_filter, qos)))
+        self._extend(("routed", _time_ns(), _mono_ns(), message.msg_id, subscriber, topic_filter, qos))
 
     def delivered(self, message: Any, subscriber: str, qos: int, dup: bool, attempt: int) -> None:
         """A PUBLISH of the message went to the subscriber."""
-        self._extend(("delivered", _time_ns(), _mono_ns(), (message.msg_id, subscriber, qos, dup, attempt)))
+        self._extend(("delivered", _time_ns(), _mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
 
     def acked(self, message: Any, subscriber: str, qos: int) -> None:
         """The subscriber acknowledged the message (PUBACK / PUBCOMP)."""
-        self._extend(("acked", _time_ns(), _mono_ns(), (message.msg_id, subscriber, qos)))
+        self._extend(("acked", _time_ns(), _mono_ns(), message.msg_id, subscriber, qos))
 
     @staticmethod
     def _checked(kind: str, method: Callable[..., None]) -> Callable[..., None]:
@@ -170,19 +169,23 @@ class DeliveryLog:
     # -- writer thread -----------------------------------------------------------------------------------------
 
     def _drain(self) -> list[Any]:
-        """Take every queued event, oldest first, as a flat [kind, wall, mono, fields, ...] list.
+        """Take every queued event, oldest first, as a queued batch (batch.fixed_flat's input).
 
-        Two C calls, a copy of the front and its deletion: an emit() between them only appends after that front
-        (extend() adds a whole event atomically under the GIL), so nothing is lost or taken twice.
+        Two C calls, a copy of the front and its deletion: emit() extends the queue by a whole event atomically under
+        the GIL and only at the end, so the front ends on an event boundary and nothing is lost or taken twice.
+        Beyond `max_backlog` events the oldest are dropped and recorded (counting needs a walk: an event is at least
+        ITEM_LEN entries, so a shorter queue never walks).
         """
         queue = self._queue
-        n = len(queue) // ITEM_LEN
-        flat = queue[: n * ITEM_LEN]
-        del queue[: n * ITEM_LEN]
-        if n > self._max_backlog:
-            lost = n - self._max_backlog
-            self._writer.record_loss("backlog", lost)
-            del flat[: lost * ITEM_LEN]
+        n = len(queue)
+        flat = queue[:n]
+        del queue[:n]
+        if n > self._max_backlog * ITEM_LEN:
+            starts = queued_starts(flat)
+            if len(starts) > self._max_backlog:
+                lost = len(starts) - self._max_backlog
+                self._writer.record_loss("backlog", lost)
+                del flat[: starts[lost]]
         return flat
 
     def _run(self) -> None:
@@ -196,12 +199,12 @@ class DeliveryLog:
                     target = self._requested
                     closing = self._closing
                     rotate, self._rotate_wanted = self._rotate_wanted, False
-                writer.write_flat(self._drain())
+                writer.write_queued(self._drain())
                 writer.tick()
                 if rotate:
                     writer.rotate()
                 if closing:
-                    writer.write_flat(self._drain())
+                    writer.write_queued(self._drain())
                     writer.close()
                 elif target > self._completed:
                     writer.sync()
@@ -263,7 +266,7 @@ class DeliveryLog:
     @property
     def backlog(self) -> int:
         """Events emitted but not yet handed to the writer."""
-        return len(self._queue) // ITEM_LEN
+        return len(queued_starts(list(self._queue)))
 
     def __enter__(self) -> DeliveryLog:
         return self

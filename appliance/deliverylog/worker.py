@@ -1,7 +1,8 @@
 """The segment writer in a child process: the broker only marshals batches down a pipe, no GIL shared with JSON/gzip.
 
 Frames on the pipes are `<type byte><u32 length><payload>`. Parent -> child: S(etup JSON),
-B(atch: marshal of a flat [kind, wall, mono, fields, ...] list), L(oss JSON), F(lush), R(otate), C(lose).
+B(atch: marshal of a flat [kind, wall, mono, fields, ...] list), V (marshal of a queued batch: batch.fixed_flat),
+L(oss JSON), F(lush), R(otate), C(lose).
 Child -> parent: A(ck, stats JSON) or E(rror text). The child ignores SIGTERM/SIGINT and exits on EOF after closing
 its segment, so a killed or stopping broker loses nothing it sent.
 """
@@ -18,7 +19,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from .batch import ITEM_LEN, Item, items_of, pack
+from .batch import ITEM_LEN, Item, fixed_flat, items_of, pack, queued_starts
 from .identity import Identity
 from .writer import DeliveryLogError, Limits, WriterStats
 
@@ -123,6 +124,8 @@ class WriterProcess:
             self._spawn()  # recovers the open segment the dead child left
             if kind == b"B":
                 self.record_loss("writer_restart", len(marshal.loads(payload)) // ITEM_LEN)
+            elif kind == b"V":
+                self.record_loss("writer_restart", len(queued_starts(marshal.loads(payload))))
 
     def write(self, items: list[Item]) -> None:
         """Hand a batch to the child."""
@@ -132,6 +135,17 @@ class WriterProcess:
         """Hand a flat batch [kind, wall, mono, fields, ...] to the child: one marshal call, one pipe write."""
         if flat:
             self._call(b"B", pack(flat))
+
+    def write_queued(self, queued: list[Any]) -> None:
+        """Hand a queued batch (DeliveryLog's queue) to the child: one marshal call, one pipe write."""
+        if not queued:
+            return
+        try:
+            payload = marshal.dumps(queued, 4)
+        except ValueError:  # a non-builtin value somewhere: the slow path makes every value plain
+            self._call(b"B", pack(fixed_flat(queued)))
+            return
+        self._call(b"V", payload)
 
     def record_loss(self, reason: str, events: int) -> None:
         """Have the child record a log_evicted for events lost before reaching it."""

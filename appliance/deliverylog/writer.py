@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import chain
 from typing import Any
 
-from .batch import FULL_MESSAGE_KINDS, ITEM_LEN, Item, event_fields, items_of, message_tuple, pack
+from .batch import FULL_MESSAGE_KINDS, ITEM_LEN, Item, event_fields, fixed_flat, items_of, message_tuple, pack
 from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
 from .journal import batch_frame, header
@@ -264,24 +264,40 @@ class SegmentWriter:
         else:
             self.write(items_of(flat))
 
+    def write_queued(self, queued: list[Any]) -> None:
+        """write() for a queued batch (DeliveryLog's queue: the hot events' values inline, batch.fixed_flat)."""
+        self.write_flat(fixed_flat(queued))
+
+    def write_queued_packed(self, packed: bytes) -> None:
+        """write() for a marshalled queued batch (in Parquet format journaled as it is, flagged VARLEN)."""
+        flat = fixed_flat(marshal.loads(packed))
+        if self._binary:
+            self._write_batch(flat, packed, varlen=True)
+        else:
+            self.write(items_of(flat))
+
     def record_loss(self, reason: str, events: int) -> None:
         """Queue a log_evicted record for `events` events lost before reaching the writer."""
         self.stats.lost_events += events
         fields = {"reason": f"{reason} events={events}"}
         self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), fields))
 
-    def _write_batch(self, flat: list[Any], packed: bytes | None) -> None:
-        """Parquet format: journal pending loss records and then `flat` as binary frames, buffering their columns."""
+    def _write_batch(self, flat: list[Any], packed: bytes | None, varlen: bool = False) -> None:
+        """Parquet format: journal pending loss records and then `flat` as binary frames, buffering their columns.
+
+        `packed` is `flat` marshalled, or with `varlen` the queued batch it was made from (batch.fixed_flat).
+        """
         synced, synced_now = self._synced()
         if self._pending:
             pending, self._pending = self._pending, []
             self._write_frame([entry for item in pending for entry in item], None, synced_now)
         if flat:
-            self._write_frame(flat, packed, synced)
+            self._write_frame(flat, packed, synced, varlen)
 
-    def _write_frame(self, flat: list[Any], packed: bytes | None, synced: bool) -> None:
+    def _write_frame(self, flat: list[Any], packed: bytes | None, synced: bool, varlen: bool = False) -> None:
         """Append one batch to the binary journal (one frame) and to the segment's Parquet columns."""
         if packed is None:
+            varlen = False
             try:
                 packed = marshal.dumps(flat, 4)
             except ValueError:  # non-builtin values (thread mode): columns from what the journal holds
@@ -293,7 +309,7 @@ class SegmentWriter:
             if seg is None:
                 seg = self._segment = self._open()
             self._reserve(self._counter + n, self._seq)
-            data = batch_frame(self._counter, synced, packed)
+            data = batch_frame(self._counter, synced, packed, varlen)
             write_all(seg.fd, data)
         except OSError as exc:
             self._fail(seg, exc, n)

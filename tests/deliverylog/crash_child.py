@@ -2,6 +2,7 @@
 
 import sys
 
+from appliance.broker.model import Message
 from appliance.deliverylog import DeliveryLog
 
 from .conftest import BOOT
@@ -15,7 +16,10 @@ def main() -> None:
     i = 0
     while True:
         for _ in range(37):
-            log.emit("delivered", msg_id=f"{run}-{i}", subscriber=f"s{i % 5}", attempt=1, dup=False)
+            if i % 2:  # keyword and positional (the broker's hot path) events interleaved in every batch
+                log.emit("delivered", msg_id=f"{run}-{i}", subscriber=f"s{i % 5}", attempt=1, dup=False)
+            else:
+                log.delivered(Message(f"{run}-{i}", "t", b"", 1, False, "p", 0.0), f"s{i % 5}", 1, False, 1)
             i += 1
         log.flush()
         print(i - 1, flush=True)

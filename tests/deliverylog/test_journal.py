@@ -1,5 +1,6 @@
 """The binary journal of an open Parquet segment: truncated and corrupt frames are detected, good frames recovered."""
 
+import marshal
 import os
 import shutil
 import time
@@ -23,19 +24,28 @@ def _writer(directory, fmt="parquet"):
 
 
 def _journal(tmp_path, frames=4):
-    """A writer left open after `frames` batches; returns (part path, byte offset after each frame, msg ids)."""
+    """A writer left open after `frames` batches (odd ones queued batches, flagged VARLEN).
+
+    Returns (part path, byte offset after each frame, msg ids, writer).
+    """
     writer = _writer(tmp_path / "src")
     ends, ids = [], []
     now, mono = time.time_ns(), time.monotonic_ns()
     for f in range(frames):
+        queued = f % 2 == 1  # every other frame as DeliveryLog queues it: values inline, journaled flagged VARLEN
         batch = []
         for i in range(BATCH):
             msg_id = f"m{f}-{i}"
-            batch += ["routed", now, mono, (msg_id, f"s{i % 3}", "a/#", 1)]
+            values = (msg_id, f"s{i % 3}", "a/#", 1)
+            batch += ["routed", now, mono, *values] if queued else ["routed", now, mono, values]
             ids.append(msg_id)
-        batch += ["received", now, mono, (f"r{f}", "pub", "a/b", 1, False, 5, (("seq", str(f)),), 7)]
+        values = (f"r{f}", "pub", "a/b", 1, False, 5, [("seq", str(f))], 7)
+        batch += ["received", now, mono, *values] if queued else ["received", now, mono, values]
         ids.append(f"r{f}")
-        writer.write_flat(batch)
+        if queued:
+            writer.write_queued_packed(marshal.dumps(batch, 4))
+        else:
+            writer.write_flat(batch)
         (part,) = [n for n in os.listdir(tmp_path / "src") if n.endswith(PART)]
         ends.append(os.path.getsize(tmp_path / "src" / part))
     return tmp_path / "src" / part, ends, ids, writer

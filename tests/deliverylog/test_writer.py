@@ -163,13 +163,49 @@ def test_backlog_overflow_is_recorded(make_log, tmp_path):
     assert [r["msg_id"] for r in records[1:]] == [f"m{i}" for i in range(90, 100)]
 
 
+def test_backlog_overflow_counts_positional_events_exactly(make_log, tmp_path):
+    from appliance.broker.model import Message
+
+    log = make_log(max_backlog=10, flush_interval_s=30.0)
+    for i in range(30):  # queued entries per event: 4 (keyword), 4 (committed), 6 (acked), 11 (received)
+        m = Message(f"m{i}", "t/x", b"abc", 1, False, "pub", 0.0)
+        (log.emit("dropped", msg_id=m.msg_id, reason="queue_full") if i % 4 == 0 else log.committed(m) if i % 4 == 1
+         else log.acked(m, "sub", 1) if i % 4 == 2 else log.received(m, i))
+    assert log.backlog == 30
+    log.flush()
+    log.close()
+    records = _raw(tmp_path / "log")
+    assert records[0]["kind"] == "log_evicted" and records[0]["reason"] == "backlog events=20"
+    assert [r["msg_id"] for r in records[1:]] == [f"m{i}" for i in range(20, 30)]
+    assert [r["kind"] for r in records[1:5]] == ["dropped", "committed", "acked", "received"]
+
+
+def test_queued_batches_parse_or_fail_loudly():
+    from appliance.deliverylog.batch import fixed_flat, queued_starts
+
+    queued = ["committed", 1, 2, "m1", "node_start", 3, 4, {}, "routed", 5, 6, "m1", "s", "f/#", 1]
+    assert queued_starts(queued) == [0, 4, 8] and queued_starts(queued, limit=2) == [0, 4]
+    assert fixed_flat(queued) == ["committed", 1, 2, ("m1",), "node_start", 3, 4, {}, "routed", 5, 6,
+                                  ("m1", "s", "f/#", 1)]
+    for bad in (queued[:-1], queued[:2], ["no_such_kind", 1, 2, "m1"]):
+        with pytest.raises(ValueError):
+            fixed_flat(bad)
+        with pytest.raises(ValueError):
+            queued_starts(bad)
+
+
 def _flushed_part(make_log, directory, batches):
     """Write `batches` flushes of events, leave the segment open, and return (part path, flushed msg ids)."""
+    from appliance.broker.model import Message
+
     log = make_log(directory)
     ids = []
     for b in range(batches):
         for i in range(50):
-            log.emit("routed", msg_id=f"m{b}-{i}", subscriber=f"s{i % 3}", filter="a/#", qos=1)
+            if i % 2:
+                log.emit("routed", msg_id=f"m{b}-{i}", subscriber=f"s{i % 3}", filter="a/#", qos=1)
+            else:  # the broker's positional path, interleaved
+                log.routed(Message(f"m{b}-{i}", "a/b", b"", 1, False, "p", 0.0), f"s{i % 3}", "a/#", 1)
             ids.append(f"m{b}-{i}")
         log.flush()
     (part,) = [n for n in os.listdir(directory) if n.endswith(PART)]
