@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.broker.model import DeliveryState, Message
+from appliance.protocol.packets import NO_PROPERTIES
 
-from .rows import MessageRow, message_row
+from .rows import MessageRow, message_row, properties_to_text
 
 # Operation kinds. An operation is a tuple (kind, params); CALLBACK carries (callback, args) instead of SQL params.
 SAVE_SESSION = 1
@@ -219,8 +220,20 @@ def _apply_queue_only(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, 
     if removals:
         remove_rows(conn, removals)
     if rows:
-        cache: dict[int, MessageRow] = {}
-        conn.executemany(_SQL[ENQUEUE][0], [(p[0], p[1], *_message_cells(p[2], cache), *p[3:]) for p in rows.values()])
+        texts: dict[int, str | None] = {}  # properties JSON per Properties object (fan-out shares one message)
+        params = []
+        for p in rows.values():  # the queue row: client_id, seq, message_row(message) inlined, then the delivery's
+            m = p[2]
+            props = m.properties
+            if props is NO_PROPERTIES:
+                text = None
+            elif id(props) in texts:
+                text = texts[id(props)]
+            else:
+                text = texts[id(props)] = properties_to_text(props)
+            params.append((p[0], p[1], m.msg_id, m.topic, m.payload, m.qos, int(m.retain), m.publisher, m.created,
+                           m.expiry_at, text, p[3], p[4], p[5], p[6], p[7], p[8]))
+        conn.executemany(_SQL[ENQUEUE][0], params)
     return len(removals) + len(rows), elided
 
 

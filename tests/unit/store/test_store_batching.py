@@ -195,3 +195,29 @@ def test_removals_run_first_as_range_deletes_and_leave_the_right_rows(make_store
     assert [(d.seq, d.message.msg_id) for d in queues["c"]] == [
         (2, "m2"), (4, "again"), (6, "m6"), (7, "m7"), (8, "m8"), (10, "m10")]
     assert [d.seq for d in queues["d"]] == [s for s in range(1, 13) if s != 7]
+
+
+def test_queue_only_batch_keeps_every_column(make_store):
+    """The one-pass path for batches of queue inserts and removals writes the same rows as the general one."""
+    from appliance.protocol.packets import NO_PROPERTIES
+
+    rich = message("m-rich", "t/1", payload=bytes(range(256)), qos=2, rich=True)
+    bare = message("m-bare", "t/2", payload=b"")
+    bare.properties = NO_PROPERTIES  # as decoded from a PUBLISH without properties
+    store = make_store()
+    store.enqueue("a", delivery(1, rich, qos=2, subscription_ids=[5, 9]))
+    store.enqueue("b", delivery(1, rich, qos=1, packet_id=11, state=DeliveryState.SENT))  # fan-out: one message
+    store.enqueue("a", delivery(2, bare, qos=1, retain=True, packet_id=3, state=DeliveryState.SENT))
+    store.enqueue("a", delivery(3, bare))
+    store.remove_delivery("a", 3)
+    one_batch(store)
+    assert store.stats()["ops_elided"] == 1
+    store.close()
+    queues = SqliteStore(store.path).load().queues
+    a1, a2 = queues["a"]
+    (b1,) = queues["b"]
+    assert a1.message == rich and b1.message == rich and a2.message == bare
+    assert a1.message.properties.user_properties == rich.properties.user_properties
+    assert (a1.qos, a1.subscription_ids, a1.state, a1.packet_id) == (2, [5, 9], DeliveryState.QUEUED, None)
+    assert (b1.qos, b1.state, b1.packet_id) == (1, DeliveryState.SENT, 11)
+    assert (a2.retain, a2.state, a2.packet_id, a2.message.payload) == (True, DeliveryState.SENT, 3, b"")
