@@ -16,30 +16,27 @@ def _count(cond: Column) -> Column:
     return F.sum(F.when(cond, 1).otherwise(0))
 
 
-def messages(timed: DataFrame, place_rows: DataFrame) -> DataFrame:
-    """One row per message: ingress stamps (received, committed) and the publisher's identity."""
+def messages(timed: DataFrame) -> DataFrame:
+    """One row per message: ingress stamps (received, committed) as place and time, and the publisher's identity."""
     kind = F.col("kind")
     broker = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull())
     ingress = broker.where(kind.isin("received", "committed") & F.col("subscriber").isNull())
     firsts = [c.alias(f"{k}_{part}") for k in ("received", "committed")
               for c, part in zip(stamps.first(kind == k), ("place", "ts"), strict=True)]
-    out = ingress.groupBy("fleet", "msg_id").agg(
+    return ingress.groupBy("fleet", "msg_id").agg(
         *firsts,
         F.max(F.when(kind == "received", F.col("publisher"))).alias("publisher"),
         F.max(F.when(kind == "received", F.col("publisher_seq"))).alias("publisher_seq"),
         F.max(F.when(kind == "received", F.col("topic"))).alias("topic"),
         F.max(F.when(kind == "received", F.col("qos"))).alias("msg_qos"),
     )
-    for name in ("received", "committed"):
-        out = stamps.attach(out, name, place_rows)
-    return out
 
 
-def pairs(timed: DataFrame, place_rows: DataFrame) -> DataFrame:
+def pairs(timed: DataFrame) -> DataFrame:
     """One row per (message, intended subscriber) seen in any per-subscriber broker event.
 
-    One hash aggregation over the per-subscriber events (stamps as place and time, see stamps.py); the drop reason,
-    the one string, comes from the dropped events alone.
+    One hash aggregation over the per-subscriber events (stamps as place and time, see stamps.py; fates attaches
+    them); the drop reason, the one string, comes from the dropped events alone.
     """
     kind = F.col("kind")
     per_sub = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull()
@@ -59,10 +56,7 @@ def pairs(timed: DataFrame, place_rows: DataFrame) -> DataFrame:
     ).withColumn("last_seen_ts", F.col("last_us"))
     drops = per_sub.where(kind == "dropped").groupBy(*key).agg(
         F.max_by(F.coalesce(F.col("reason"), F.lit("unspecified")), F.col("ts_us")).alias("drop_reason"))
-    agg = agg.join(drops, key, "left")
-    for name in ("routed", "delivered", "acked"):
-        agg = stamps.attach(agg, name, place_rows)
-    return stamps.attach(agg, "last_seen", place_rows, ("node", "device", "firmware"))
+    return agg.join(drops, key, "left")
 
 
 def receipts(timed: DataFrame) -> DataFrame:
@@ -80,9 +74,19 @@ def logged_clients(timed: DataFrame) -> DataFrame:
 
 
 def fates(pair_rows: DataFrame, message_rows: DataFrame, receipt_rows: DataFrame, clients: DataFrame,
-          window_end_us: int, grace_us: int = DEFAULT_GRACE_US) -> DataFrame:
-    """Classify every (message, subscriber); `pending` when the outcome could still change after the window end."""
-    j = pair_rows.join(message_rows, ["fleet", "msg_id"], "left")
+          place_rows: DataFrame, window_end_us: int, grace_us: int = DEFAULT_GRACE_US) -> DataFrame:
+    """Classify every (message, subscriber); `pending` when the outcome could still change after the window end.
+
+    The joins shuffle the narrow rows (stamps as place and time); the stamps are attached after them.
+    """
+    rec = receipt_rows.withColumnRenamed("receiver", "subscriber")
+    cl = clients.withColumnRenamed("receiver", "subscriber").withColumn("client_logged", F.lit(True))
+    j = (pair_rows.join(message_rows, ["fleet", "msg_id"], "left")
+         .join(rec, ["fleet", "publisher", "publisher_seq", "subscriber"], "left")
+         .join(F.broadcast(cl), ["fleet", "subscriber"], "left"))
+    for name in ("routed", "delivered", "acked", "received", "committed"):
+        j = stamps.attach(j, name, place_rows)
+    j = stamps.attach(j, "last_seen", place_rows, ("node", "device", "firmware"))
     where = F.coalesce(F.col("routed"), F.col("delivered"))
     qos = F.coalesce("pair_qos", "msg_qos")
     recent = F.col("last_us") > F.lit(window_end_us - grace_us)
@@ -100,7 +104,7 @@ def fates(pair_rows: DataFrame, message_rows: DataFrame, receipt_rows: DataFrame
               .when((fate == "pending") & delivered, "awaiting_ack")
               .when((fate == "pending") & (F.col("queued") > 0), "queued_offline")
               .when(fate == "pending", "in_flight"))
-    base = j.select(
+    base = (
         "fleet", "msg_id", "subscriber", "publisher", "publisher_seq", "topic", qos.alias("qos"),
         F.coalesce(where.node, F.col("last_seen.node")).alias("node"),
         F.coalesce(where.device, F.col("last_seen.device")).alias("device"),
@@ -117,10 +121,7 @@ def fates(pair_rows: DataFrame, message_rows: DataFrame, receipt_rows: DataFrame
         fate.alias("fate"), reason.alias("reason"),
         *[F.col(s).alias(f"{s}_at") for s in ("received", "committed", "routed", "delivered", "acked")],
     )
-    rec = receipt_rows.withColumnRenamed("receiver", "subscriber")
-    cl = clients.withColumnRenamed("receiver", "subscriber").withColumn("client_logged", F.lit(True))
-    out = (base.join(rec, ["fleet", "publisher", "publisher_seq", "subscriber"], "left")
-           .join(F.broadcast(cl), ["fleet", "subscriber"], "left"))
+    out = j.select(*base, "e2e_receipts", "client_logged")
     judged = F.coalesce(F.col("client_logged"), F.lit(False)) & F.col("publisher_seq").isNotNull()
     got = F.coalesce(F.col("e2e_receipts"), F.lit(0))
     e2e_fate = (F.when(~judged, F.lit(None))
@@ -129,7 +130,7 @@ def fates(pair_rows: DataFrame, message_rows: DataFrame, receipt_rows: DataFrame
                 .when(F.col("fate").isin("dropped", "expired"), F.col("fate"))
                 .otherwise("lost"))
     return out.select(
-        *base.columns,
+        *[c for c in out.columns if c not in ("e2e_receipts", "client_logged")],
         F.when(judged, got.cast("int")).alias("e2e_receipts"),
         e2e_fate.alias("e2e_fate"),
         F.date_trunc("hour", F.timestamp_micros("routed_us")).alias("hour"),

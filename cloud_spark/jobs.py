@@ -146,8 +146,8 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
     # each analysis pass reads only the columns it needs straight from Parquet: cheaper than building a cache
     timed = clock.with_event_time(events, places).select(*TIMED_COLUMNS)
     with step("analyze: message fate"):
-        facts = fate.fates(fate.pairs(timed, places), fate.messages(timed, places), fate.receipts(timed),
-                           fate.logged_clients(timed), window_end_us, grace_us)
+        facts = fate.fates(fate.pairs(timed), fate.messages(timed), fate.receipts(timed), fate.logged_clients(timed),
+                           places, window_end_us, grace_us)
         overwrite(facts, "fate").partitionBy("fleet", "date").parquet(f"{out}/fate")
         fate.ingress_drops(timed).write.mode("overwrite").parquet(f"{out}/ingress_drops")
     fates = spark.read.schema(facts.schema).parquet(f"{out}/fate")  # schema given: an empty table still reads
