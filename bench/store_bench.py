@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from appliance.broker.model import Delivery, DeliveryState, Message
-from appliance.protocol.packets import Properties
+from appliance.protocol.packets import NO_PROPERTIES, Properties
 from appliance.store import SqliteStore
 
 
 def _message(i: int, payload: bytes, props: Properties | None = None) -> Message:
     return Message(
-        f"n1-{i}", f"bench/{i % 10}", payload, 1, False, f"pub{i % 10}", time.time(), properties=props or Properties()
+        f"n1-{i}", f"bench/{i % 10}", payload, 1, False, f"pub{i % 10}", time.time(), properties=props or NO_PROPERTIES
     )
 
 
@@ -114,16 +114,18 @@ async def bench_qos1_flow(directory: Path, n: int, burst: int, rate: float | Non
     }
 
 
-def bench_writer_cpu(directory: Path, batches: int = 300, per_batch: int = 150) -> dict[str, float]:
+def bench_writer_cpu(directory: Path, batches: int = 300, per_batch: int = 150, sent_at_once: bool = True
+                     ) -> dict[str, float]:
     """Writer-thread CPU per message for the broker's QoS1 pattern, one transaction per batch: each message's enqueue
-    and SENT update interleaved with the PUBACK removal of a message of the previous batch (ops as the broker
-    queues them, applied as the writer thread applies them)."""
+    (already SENT, as Session.enqueue writes a delivery it sends at once; with sent_at_once=False queued and then
+    updated, the pattern before 369e49a) interleaved with the PUBACK removal of a message of the previous batch (ops
+    as the broker queues them, applied as the writer thread applies them)."""
     import sqlite3
 
     from appliance.store import batch
     from appliance.store.schema import connect, prepare
 
-    path = directory / "writer.db"
+    path = directory / f"writer-{int(sent_at_once)}.db"
     prepare(path)
     conn: sqlite3.Connection = connect(path)
     payload = b"x" * 100
@@ -133,9 +135,14 @@ def bench_writer_cpu(directory: Path, batches: int = 300, per_batch: int = 150) 
         acks = list(previous)
         for _ in range(per_batch):
             seq += 1
-            ops.append((batch.ENQUEUE, ("sub", seq, _message(seq, payload), 1, False, None, None, DeliveryState.QUEUED,
-                                        0)))
-            ops.append((batch.UPDATE_DELIVERY, (DeliveryState.SENT, seq % 65535 + 1, "sub", seq)))
+            pid = seq % 65535 + 1
+            if sent_at_once:
+                ops.append((batch.ENQUEUE, ("sub", seq, _message(seq, payload), 1, False, None, pid,
+                                            DeliveryState.SENT, 0)))
+            else:
+                ops.append((batch.ENQUEUE, ("sub", seq, _message(seq, payload), 1, False, None, None,
+                                            DeliveryState.QUEUED, 0)))
+                ops.append((batch.UPDATE_DELIVERY, (DeliveryState.SENT, pid, "sub", seq)))
             if acks:
                 ops.append((batch.REMOVE_DELIVERY, ("sub", acks.pop(0))))
         previous = list(range(seq - per_batch + 1, seq + 1))
@@ -145,7 +152,8 @@ def bench_writer_cpu(directory: Path, batches: int = 300, per_batch: int = 150) 
         conn.commit()
         cpu += time.thread_time() - c0
     conn.close()
-    return {"writer_cpu_us_per_message": cpu / (batches * per_batch) * 1e6, "messages": batches * per_batch}
+    return {"writer_cpu_us_per_message": cpu / (batches * per_batch) * 1e6, "messages": batches * per_batch,
+            "sent_at_once": sent_at_once}
 
 
 def bench_load(directory: Path, queued: int, sessions: int) -> dict[str, float]:
@@ -197,6 +205,7 @@ def main() -> None:
         directory = Path(tmp)
         print(bench_submit_cost(directory, 100_000))
         print(bench_writer_cpu(directory))
+        print(bench_writer_cpu(directory, sent_at_once=False))
         print(asyncio.run(bench_qos1_flow(directory, args.messages, args.burst, args.rate or None)))
         print(bench_load(directory, args.queued, 10))
 
