@@ -194,43 +194,50 @@ class ReplicaCopy:
 
 
 def encode_snapshot(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int], mark: int = 0,
-                    stranded: dict[str, bytes] | None = None) -> bytes:
-    """OP_SNAPSHOT data (the ingress mark and stranded messages are an optional tail)."""
+                    stranded: dict[str, bytes] | None = None, seen: list[str] | None = None) -> bytes:
+    """OP_SNAPSHOT data (the ingress mark, stranded messages and the owner's message-id memory, oldest first, are an
+    optional tail)."""
     w = _Writer()
     w.f64(epoch)
     w.raw(encode_session(record, queue))
     w.uint(len(qos2))
     for pid in qos2:
         w.uint(pid)
-    if mark or stranded:
+    if mark or stranded or seen:
         w.uint(mark)
         w.uint(len(stranded or {}))
         for key, entry in (stranded or {}).items():
             w.text(key)
             w.raw(entry)
+    if seen:
+        w.uint(len(seen))
+        for msg_id in seen:
+            w.text(msg_id)
     return bytes(w.out)
 
 
 def decode_snapshot(data: bytes) -> tuple[float, SessionRecord, list[Delivery], list[int]]:
     """Inverse of encode_snapshot (without the tail)."""
-    epoch, record, queue, qos2, _mark, _stranded = decode_snapshot_full(data)
+    epoch, record, queue, qos2, _mark, _stranded, _seen = decode_snapshot_full(data)
     return epoch, record, queue, qos2
 
 
 def decode_snapshot_full(data: bytes) -> tuple[float, SessionRecord, list[Delivery], list[int], int,
-                                                 dict[str, bytes]]:
-    """Inverse of encode_snapshot, with the ingress mark and the stranded messages."""
+                                                 dict[str, bytes], list[str]]:
+    """Inverse of encode_snapshot, with the ingress mark, the stranded messages and the message-id memory."""
     r = _Reader(data)
     epoch = r.f64()
     record, queue = decode_session(r.raw())
     qos2 = [r.uint() for _ in range(r.uint())]
-    mark, stranded = 0, {}
+    mark, stranded, seen = 0, {}, []
     if r.pos < len(data):
         mark = r.uint()
         for _ in range(r.uint()):
             key = r.text()
             stranded[key] = r.raw()
-    return epoch, record, queue, qos2, mark, stranded
+    if r.pos < len(data):
+        seen = [r.text() for _ in range(r.uint())]
+    return epoch, record, queue, qos2, mark, stranded, seen
 
 
 def encode_mark_op(mark: int, key: str = "", entry: bytes = b"", packet_id: int = 0) -> bytes:
@@ -377,7 +384,7 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
     """A replica applies one operation from `owner`; returns the new copy (None: dropped). Operations from a node
     that is not the copy's owner are ignored, except a snapshot / record with a newer epoch (a new owner)."""
     if op in (OP_SNAPSHOT, OP_SESSION):
-        epoch, record, queue, qos2, mark, stranded = decode_snapshot_full(data)
+        epoch, record, queue, qos2, mark, stranded, owner_seen = decode_snapshot_full(data)
         if copy is not None and copy.owner != owner and epoch < copy.epoch:
             return copy  # a stale owner (e.g. restarted after losing the session) must not overwrite
         if op == OP_SESSION and copy is not None and copy.owner == owner:
@@ -386,6 +393,10 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
             seen = copy.seen if copy is not None and copy.owner == owner else OrderedDict[str, None]()
             copy = ReplicaCopy(owner, epoch, record, {d.seq: d for d in queue}, set(qos2), seen=seen, mark=mark,
                                stranded=stranded)
+            # The owner's memory first (ids it queued before this copy existed: acknowledged ones too, and those
+            # a hand-over or resume brought it), then the queue: a session resumed from this copy drops them.
+            for msg_id in owner_seen:
+                copy.note(msg_id)
             for d in queue:
                 copy.note(d.message.msg_id)
         copy.version += 1
@@ -455,7 +466,7 @@ def decode_copy(data: bytes) -> ReplicaCopy:
     """Inverse of encode_copy."""
     r = _Reader(data)
     owner, version = r.text(), r.uint()
-    epoch, record, queue, qos2, mark, stranded = decode_snapshot_full(r.raw())
+    epoch, record, queue, qos2, mark, stranded, _seen = decode_snapshot_full(r.raw())
     seen = OrderedDict[str, None]()
     touched = r.f64() if r.pos < len(data) else 0.0
     if r.pos < len(data):  # a durable header row carries no ids

@@ -4,6 +4,7 @@ releases batched per session and loop iteration), re-replication after membershi
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from appliance.broker.handover import session_image
@@ -50,6 +51,7 @@ class QueueReplication:
     _removes: dict[str, list[int]]
     _enqueues: dict[str, tuple[list[str], int, list[bytes]]]
     _batch_id: int
+    _seen: dict[str, OrderedDict[str, None]]  # SessionMigration: ids of the messages queued per local session
     snapshot_extras: Callable[[str], tuple[int, dict[str, bytes]]]  # IngressGuard: mark and pending messages
 
     @property
@@ -67,12 +69,16 @@ class QueueReplication:
         return rendezvous(cid, others, self.r - 1)
 
     def _snapshot(self, cid: str) -> bytes:
+        """OP_SNAPSHOT data of a local session: its state, pending messages, and the ids it remembers (a new replica
+        learns what the session had before it, delivered ones included: chaos 30033, a resumed session took a stale
+        pending message as new because its copy knew only what was queued since the snapshot)."""
         assert self.broker is not None
         image = session_image(self.broker, cid)
         assert image is not None
         claim = self.claims.get(cid)
-        return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2],
-                               *self.snapshot_extras(cid))
+        mark, stranded = self.snapshot_extras(cid)
+        return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2], mark, stranded,
+                               list(self._seen.get(cid, ())))
 
     def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, waiter: OnAcked | None = None) -> int:
         """Send one replica operation; return its stream seq. The session's batched enqueues go first."""

@@ -79,6 +79,21 @@ def test_the_freshest_copy_is_the_one_its_owner_fed_last_not_the_one_with_most_o
     assert freshest([current, newer_claim]) is newer_claim  # a later claim wins whatever the clocks say
 
 
+def test_a_snapshot_brings_the_owners_message_ids_to_a_new_copy() -> None:
+    """Chaos 30033: a replica placed after a hand-over learnt only the queued ids from its snapshot; a session
+    resumed from it took a message it had completed before as new. The owner's ids (oldest first) come along now,
+    stranded messages still decode, and a snapshot without them (an older node's) still applies."""
+    record = SessionRecord("s", 4, 3600)
+    data = encode_snapshot(10.0, record, [_delivery(3)], [7], 5, {"k/": b"f"}, ["m1", "m2"])
+    copy = apply_op(None, "na", OP_SNAPSHOT, data)
+    assert copy is not None and list(copy.seen) == ["m1", "m2", "m3"]
+    assert copy.stranded == {"k/": b"f"} and copy.mark == 5 and copy.qos2 == {7}
+    only_ids = apply_op(None, "na", OP_SNAPSHOT, encode_snapshot(10.0, record, [], [], seen=["m9"]))
+    assert only_ids is not None and list(only_ids.seen) == ["m9"] and only_ids.stranded == {}
+    older = apply_op(None, "na", OP_SNAPSHOT, encode_snapshot(10.0, record, [_delivery(3)], []))
+    assert older is not None and list(older.seen) == ["m3"]
+
+
 def test_replica_applies_its_owners_operations_in_order() -> None:
     record = SessionRecord("s", 4, 3600, subscriptions={"t": SubscriptionOptions(qos=1)})
     copy = apply_op(None, "nc", OP_SNAPSHOT, encode_snapshot(10.0, record, [_delivery(1)], []))
