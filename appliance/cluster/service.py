@@ -403,16 +403,20 @@ class ClusterService:
         _LOG.info("peer %s no longer announced on mDNS", node_id)
 
     def _link_up(self, peer: str) -> None:
-        """A link is up: anti-entropy for every space, resend the forwarding buffer, report."""
+        """A link is up: anti-entropy for every space, report (the wiring resends its session messages), then resend
+        the forwarding and replica buffers."""
         self.membership.set_up(peer, True)
         for space in self.spaces:
             self._send_digest(peer, space)
+        # Session messages lost with the old link (a hand-over) were sent before the forwards that followed them:
+        # resent after those forwards, the hand-over's older messages reached the new owner behind newer ones
+        # (chaos seed 30270).
+        self.cb.on_member(peer, True)
         sender, rsender = self.senders.get(peer), self.replica_senders.get(peer)
         if sender is not None:
             self._resend(peer, "f", sender.resend())
         if rsender is not None:
             self._resend(peer, "r", rsender.resend())
-        self.cb.on_member(peer, True)
 
     def _link_down(self, peer: str, reason: str) -> None:
         """A link is down (or was replaced, then up follows at once)."""

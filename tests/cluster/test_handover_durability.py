@@ -172,3 +172,30 @@ async def test_a_late_hand_over_of_a_session_that_moved_on_goes_to_its_owner(tmp
         await old_owner.svc.async_stop()
         await owner.svc.async_stop()
         await stop_node(na)
+
+
+async def test_a_hand_over_resent_at_link_up_goes_ahead_of_the_forwards_that_followed_it(tmp_path: Path) -> None:
+    """Chaos seed 30270: na, just continued after SIGSTOP, answered nb's late takeover question for s on a link
+    that turned out dead (the SessionState was lost), then routed a newer message m4 for s to nb, its new owner.
+    At the link's return the buffered forward went out first and the hand-over (m1..m3) only after it: nb
+    delivered m4, then merged m1..m3 behind it (reordered). The hand-over must go out ahead of those forwards."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"))
+    taker = Peer("nb")
+    arrivals: list[str] = []
+    taker.svc.cb.on_forward = lambda p, fwd: (arrivals.append(fwd.message.msg_id),
+                                              taker.svc.forward_committed(p, fwd.seq))
+    taker.svc.cb.on_session_message = lambda _p, m: arrivals.append(type(m).__name__)
+    wiring = wiring_of(na)
+    try:
+        adopt_session(na.broker, SessionRecord("s", 5, 3600, subscriptions=dict(SUBS)), _deliveries(3), [])
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, FRESH, True, dict(SUBS))))
+        wiring._on_session_message("nb", SessionTakeover(7, "s", "nb", False))  # answered while nb is unreachable
+        assert "s" not in na.broker.sessions and wiring.claims["s"].owner == "nb"
+        wiring.route_remote(Message("m4", "t/x", b"x", 1, False, "pub", 1004.0), [])  # buffered for nb
+        await taker.svc.async_start()
+        await link(wiring.svc, taker.svc)
+        await until(lambda: "m4" in arrivals and "SessionState" in arrivals, "the hand-over and m4 at nb")
+        assert arrivals.index("SessionState") < arrivals.index("m4")
+    finally:
+        await taker.svc.async_stop()
+        await stop_node(na)
