@@ -1,8 +1,9 @@
 """Flat event batches [kind, wall, mono, fields, ...]: their marshal form, and their fields as Arrow columns by kind.
 
-What DeliveryLog queues is a *queued* batch: a positional event is its kind, clocks and values inline (kind, wall,
-mono, *values; VALUES[kind] values, no tuple), a keyword event is kind, wall, mono, fields dict. fixed_flat() turns
-one into a flat batch. A batch's positional events (positional.LAYOUTS tuples) become columns by transposing each
+What DeliveryLog queues is a *queued* batch: every event carries CLOCK_MONOTONIC only; a positional event is its
+kind, mono and values inline (kind, mono, *values; VALUES[kind] values, no tuple), a keyword event is kind, mono,
+fields dict. The drain pairs the batch with the wall-minus-monotonic clock offset, and fixed_flat() turns it into
+a flat batch. A batch's positional events (positional.LAYOUTS tuples) become columns by transposing each
 kind's tuples at once (no dict per event); keyword events (dicts) take the per-event path. Columns come back in emit
 order.
 """
@@ -29,23 +30,25 @@ Item = tuple[str, int, int, Any]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fie
 
 
 VALUES = {kind: len(layout) for kind, layout in LAYOUTS.items()}  # values a queued positional event carries inline
+QUEUED_MIN = 3  # entries of the shortest queued event (kind, mono, msg_id or fields)
 
 
-def fixed_flat(queued: list[Any]) -> list[Any]:
-    """A queued batch as a flat batch [kind, wall, mono, fields, ...]; ValueError when it does not parse."""
+def fixed_flat(queued: list[Any], offset: int) -> list[Any]:
+    """A queued batch as a flat batch [kind, wall, mono, fields, ...] (wall = mono + `offset`); ValueError if bad."""
     out: list[Any] = []
     sizes = VALUES
     i, n = 0, len(queued)
     try:
         while i < n:
             kind = queued[i]
-            first = queued[i + 3]
+            mono = queued[i + 1]
+            first = queued[i + 2]
             if type(first) is dict:
-                out += (kind, queued[i + 1], queued[i + 2], first)
-                i += 4
+                out += (kind, mono + offset, mono, first)
+                i += 3
             else:
-                end = i + 3 + sizes[kind]
-                out += (kind, queued[i + 1], queued[i + 2], tuple(queued[i + 3 : end]))
+                end = i + 2 + sizes[kind]
+                out += (kind, mono + offset, mono, tuple(queued[i + 2 : end]))
                 i = end
     except (KeyError, IndexError, TypeError):
         raise ValueError(f"queued batch does not parse at entry {i}") from None
@@ -62,12 +65,25 @@ def queued_starts(queued: list[Any], limit: int | None = None) -> list[int]:
     try:
         while i < n and (limit is None or len(starts) < limit):
             starts.append(i)
-            i += 4 if type(queued[i + 3]) is dict else 3 + sizes[queued[i]]
+            i += 3 if type(queued[i + 2]) is dict else 2 + sizes[queued[i]]
     except (KeyError, IndexError, TypeError):
         raise ValueError(f"queued batch does not parse at entry {i}") from None
     if i > n:
         raise ValueError(f"queued batch ends inside an event ({n} entries, next event at {i})")
     return starts
+
+
+def plain_queued(queued: list[Any]) -> list[Any]:
+    """A queued batch with builtin values only (what pack() does for a flat batch), for marshal."""
+    out: list[Any] = []
+    starts = queued_starts(queued)
+    for start, end in zip(starts, [*starts[1:], len(queued)], strict=True):
+        kind, mono = str(queued[start]), queued[start + 1]
+        if end - start == 3 and type(queued[start + 2]) is dict:
+            out += (kind, mono, _plain_fields(kind, queued[start + 2]))
+        else:
+            out += (kind, mono, *plain_positional(kind, tuple(queued[start + 2 : end])))
+    return out
 
 
 def items_of(flat: list[Any]) -> list[Item]:
@@ -108,6 +124,16 @@ def _plain_message(msg: Any, kind: str) -> tuple[Any, ...]:
     return (*head, tuple((str(k), str(v)) for k, v in msg[6]))
 
 
+def _plain_fields(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A keyword event's fields with builtin values only (a message= value as a tuple of them)."""
+    fields = dict(fields)
+    msg = fields.pop("message", None)
+    plain = {str(n): _plain_value(v) for n, v in fields.items()}
+    if msg is not None:
+        plain["message"] = _plain_message(msg, kind)
+    return plain
+
+
 def pack(flat: list[Any]) -> bytes:
     """Marshal a flat batch in one call (non-builtin values take the slow path and become builtins)."""
     try:
@@ -117,13 +143,8 @@ def pack(flat: list[Any]) -> bytes:
         for kind, wall, mono, fields in items_of(flat):
             if type(fields) is tuple:
                 clean += (str(kind), wall, mono, plain_positional(str(kind), fields))
-                continue
-            fields = dict(fields)
-            msg = fields.pop("message", None)
-            plain = {str(n): _plain_value(v) for n, v in fields.items()}
-            if msg is not None:
-                plain["message"] = _plain_message(msg, kind)
-            clean += (str(kind), wall, mono, plain)
+            else:
+                clean += (str(kind), wall, mono, _plain_fields(kind, fields))
         return marshal.dumps(clean, 4)
 
 

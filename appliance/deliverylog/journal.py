@@ -2,9 +2,10 @@
 
 File: MAGIC, then frames `<u32 body length><u32 crc32 of body><body>`. The first body is the JSON header (the
 writer's identity and the segment's first event counter); every later body is `<i64 first counter><u8 flags>
-<u32 raw length>` followed by a flat batch [kind, wall ns, mono ns, fields, ...] (with flag VARLEN: a queued batch,
-batch.fixed_flat) marshalled and, when flag LZ4 is set, LZ4-compressed. A frame is good when it is whole, its checksum
-matches and its counter follows the previous frame's events; reading stops at the first frame that is not.
+<u32 raw length>` followed by a flat batch [kind, wall ns, mono ns, fields, ...] (with flag VARLEN: a tuple (clock
+offset, stepped, queued batch), batch.fixed_flat) marshalled and, when flag LZ4 is set, LZ4-compressed. A frame is
+good when it is whole, its checksum matches and its counter follows the previous frame's events; reading stops at the
+first frame that is not.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _FRAME = struct.Struct("<II")
 _BATCH = struct.Struct("<qBI")
 SYNCED = 1  # flag: the clock was synchronised across the span the batch was emitted in
 LZ4 = 2  # flag: the marshal bytes are LZ4-compressed
-VARLEN = 4  # flag: the batch is a queued one (positional events' values inline), read back through fixed_flat
+VARLEN = 4  # flag: the batch is (clock offset, stepped, queued batch) as DeliveryLog drains it (batch.fixed_flat)
 MAX_BODY = 1 << 30
 
 
@@ -119,8 +120,9 @@ def _decode_batch(body: bytes) -> tuple[int, bool, list[Any]] | None:
                 return None
             data = codec.decompress(data, decompressed_size=raw_len, asbytes=True)
         flat = marshal.loads(data)
-        if flags & VARLEN and type(flat) is list:
-            flat = fixed_flat(flat)
+        if flags & VARLEN:
+            offset, _, queued = flat
+            flat = fixed_flat(queued, offset)
     except (ValueError, EOFError, TypeError, OSError):  # pyarrow's errors on a bad LZ4 block are OSError
         return None
     if type(flat) is not list or len(flat) % 4:

@@ -7,15 +7,31 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .batch import queued_starts
+from .batch import QUEUED_MIN, queued_starts
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .positional import LAYOUTS
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
 from .worker import WriterProcess
-from .writer import FULL_MESSAGE_KINDS, ITEM_LEN, DeliveryLogError, Limits, SegmentWriter, WriterStats
+from .writer import FULL_MESSAGE_KINDS, DeliveryLogError, Limits, SegmentWriter, WriterStats
 
 _time_ns = time.time_ns
 _mono_ns = time.monotonic_ns
+STEP_NS = 1_000_000  # a change of the wall-minus-monotonic offset beyond this between two drains is a clock step
+_PAIR_NS = 2_000  # a clock-offset reading whose two monotonic reads lie further apart is read again
+
+
+def _clock_offset() -> int:
+    """CLOCK_REALTIME minus CLOCK_MONOTONIC now, in ns (from the tightest of a few paired reads)."""
+    best_gap, offset = 1 << 62, 0
+    for _ in range(8):
+        m0 = _mono_ns()
+        wall = _time_ns()
+        m1 = _mono_ns()
+        if m1 - m0 < best_gap:
+            best_gap, offset = m1 - m0, wall - (m0 + m1) // 2
+        if best_gap <= _PAIR_NS:
+            break
+    return offset
 
 
 def _message_tuple(msg: Any) -> tuple[Any, ...]:
@@ -94,47 +110,48 @@ class DeliveryLog:
             self.emit = self._emit_strict  # type: ignore[method-assign]
             for kind in LAYOUTS:
                 setattr(self, kind, self._checked(kind, getattr(self, kind)))
+        self._offset_before = _clock_offset()  # read before the first slice: brackets every queued event's instant
         self._thread = threading.Thread(target=self._run, name="deliverylog-writer", daemon=True)
         self._thread.start()
 
     def emit(self, kind: str, message: Any = None, **fields: Any) -> None:
-        """Record one event; both clocks are taken now, field expansion, JSON and gzip happen elsewhere.
+        """Record one event; its clock is read now (_drain), field expansion, JSON and gzip happen elsewhere.
 
         A `message=` Message is reduced here to its msg_id, or for FULL_MESSAGE_KINDS (a message's first event) to a
-        tuple of plain values, so the queue keeps no broker object alive. The event goes to the queue as four flat
-        entries in one C call: none of them is a container the garbage collector must trace (bar that tuple).
+        tuple of plain values, so the queue keeps no broker object alive. The event goes to the queue as three flat
+        entries (kind, mono, fields) in one C call.
         """
         if message is not None:
             if kind in FULL_MESSAGE_KINDS:
                 fields["message"] = _message_tuple(message)
             elif "msg_id" not in fields:
                 fields["msg_id"] = message.msg_id
-        self._extend((kind, _time_ns(), _mono_ns(), fields))
+        self._extend((kind, _mono_ns(), fields))
 
     # -- the hot events: positional, their values inline in the queue (batch.VALUES), no tuple or dict per event -----
 
     def received(self, message: Any, publisher_packet_id: int | None) -> None:
         """A message accepted from a publisher (its first event: every message field)."""
         props = message.properties
-        self._extend(("received", _time_ns(), _mono_ns(), message.msg_id, message.publisher, message.topic,
+        self._extend(("received", _mono_ns(), message.msg_id, message.publisher, message.topic,
                       message.qos, message.retain, len(message.payload),
                       props.user_properties or None if props is not None else None, publisher_packet_id))
 
     def committed(self, message: Any) -> None:
         """The message is on disk here."""
-        self._extend(("committed", _time_ns(), _mono_ns(), message.msg_id))
+        self._extend(("committed", _mono_ns(), message.msg_id))
 
     def routed(self, message: Any, subscriber: str, topic_filter: str, qos: int) -> None:
         """The message matched one subscriber's filter."""
-        self._extend(("routed", _time_ns(), _mono_ns(), message.msg_id, subscriber, topic_filter, qos))
+        self._extend(("routed", _mono_ns(), message.msg_id, subscriber, topic_filter, qos))
 
     def delivered(self, message: Any, subscriber: str, qos: int, dup: bool, attempt: int) -> None:
         """A PUBLISH of the message went to the subscriber."""
-        self._extend(("delivered", _time_ns(), _mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
+        self._extend(("delivered", _mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
 
     def acked(self, message: Any, subscriber: str, qos: int) -> None:
         """The subscriber acknowledged the message (PUBACK / PUBCOMP)."""
-        self._extend(("acked", _time_ns(), _mono_ns(), message.msg_id, subscriber, qos))
+        self._extend(("acked", _mono_ns(), message.msg_id, subscriber, qos))
 
     @staticmethod
     def _checked(kind: str, method: Callable[..., None]) -> Callable[..., None]:
@@ -168,25 +185,35 @@ class DeliveryLog:
 
     # -- writer thread -----------------------------------------------------------------------------------------
 
-    def _drain(self) -> list[Any]:
-        """Take every queued event, oldest first, as a queued batch (batch.fixed_flat's input).
+    def _drain(self) -> tuple[list[Any], int, bool]:
+        """Take every queued event, oldest first: (queued batch, wall-minus-monotonic offset, clock stepped).
+
+        Events carry CLOCK_MONOTONIC only (one clock read each); their wall time is mono + the offset read here.
+        Linux moves the wall clock against the monotonic one only by a step (NTP slews both alike), so while the
+        offset read before the previous slice equals the one read after this slice, mono + offset is the wall time
+        at each event's instant. When it differs (a step, or a read disturbed by more than STEP_NS) the batch is
+        marked `stepped`: its records say clock_synced=false.
 
         Two C calls, a copy of the front and its deletion: emit() extends the queue by a whole event atomically under
         the GIL and only at the end, so the front ends on an event boundary and nothing is lost or taken twice.
         Beyond `max_backlog` events the oldest are dropped and recorded (counting needs a walk: an event is at least
-        ITEM_LEN entries, so a shorter queue never walks).
+        QUEUED_MIN entries, so a shorter queue never walks).
         """
         queue = self._queue
+        before = _clock_offset()
         n = len(queue)
         flat = queue[:n]
         del queue[:n]
-        if n > self._max_backlog * ITEM_LEN:
+        offset = _clock_offset()
+        stepped = abs(offset - self._offset_before) > STEP_NS
+        self._offset_before = before
+        if n > self._max_backlog * QUEUED_MIN:
             starts = queued_starts(flat)
             if len(starts) > self._max_backlog:
                 lost = len(starts) - self._max_backlog
                 self._writer.record_loss("backlog", lost)
                 del flat[: starts[lost]]
-        return flat
+        return flat, offset, stepped
 
     def _run(self) -> None:
         """Write batches until closed; on a writer failure keep the error for flush/close and stop queueing."""
@@ -199,12 +226,12 @@ class DeliveryLog:
                     target = self._requested
                     closing = self._closing
                     rotate, self._rotate_wanted = self._rotate_wanted, False
-                writer.write_queued(self._drain())
+                writer.write_queued(*self._drain())
                 writer.tick()
                 if rotate:
                     writer.rotate()
                 if closing:
-                    writer.write_queued(self._drain())
+                    writer.write_queued(*self._drain())
                     writer.close()
                 elif target > self._completed:
                     writer.sync()

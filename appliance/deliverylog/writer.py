@@ -237,17 +237,20 @@ class SegmentWriter:
         self._synced_before = synced_now
         return synced, synced_now
 
-    def write(self, items: list[Item]) -> None:
-        """Append `items` (in emit order) to the open segment, rotating and enforcing the budget as needed."""
+    def write(self, items: list[Item], stepped: bool = False) -> None:
+        """Append `items` (in emit order) to the open segment, rotating and enforcing the budget as needed.
+
+        `stepped`: the wall clock stepped while they were emitted (their records say clock_synced=false).
+        """
         if self._binary:
-            self._write_batch([entry for item in items for entry in item], None)
+            self._write_batch([entry for item in items for entry in item], None, stepped=stepped)
             return
         synced, synced_now = self._synced()
         if self._pending:
             pending, self._pending = self._pending, []
             self._write_chunk(pending, synced_now)
         for start in range(0, len(items), CHUNK_EVENTS):
-            self._write_chunk(items[start : start + CHUNK_EVENTS], synced)
+            self._write_chunk(items[start : start + CHUNK_EVENTS], synced and not stepped)
 
     def write_flat(self, flat: list[Any]) -> None:
         """write() for a flat batch [kind, wall, mono, fields, ...]."""
@@ -264,17 +267,22 @@ class SegmentWriter:
         else:
             self.write(items_of(flat))
 
-    def write_queued(self, queued: list[Any]) -> None:
-        """write() for a queued batch (DeliveryLog's queue: the hot events' values inline, batch.fixed_flat)."""
-        self.write_flat(fixed_flat(queued))
+    def write_queued(self, queued: list[Any], offset: int, stepped: bool) -> None:
+        """write() for a queued batch (DeliveryLog's queue, batch.fixed_flat) and its clock offset and step flag."""
+        flat = fixed_flat(queued, offset)
+        if self._binary:
+            self._write_batch(flat, None, stepped=stepped)
+        else:
+            self.write(items_of(flat), stepped)
 
     def write_queued_packed(self, packed: bytes) -> None:
-        """write() for a marshalled queued batch (in Parquet format journaled as it is, flagged VARLEN)."""
-        flat = fixed_flat(marshal.loads(packed))
+        """write() for a marshalled (offset, stepped, queued batch) (in Parquet format journaled as is, VARLEN)."""
+        offset, stepped, queued = marshal.loads(packed)
+        flat = fixed_flat(queued, offset)
         if self._binary:
-            self._write_batch(flat, packed, varlen=True)
+            self._write_batch(flat, packed, varlen=True, stepped=stepped)
         else:
-            self.write(items_of(flat))
+            self.write(items_of(flat), stepped)
 
     def record_loss(self, reason: str, events: int) -> None:
         """Queue a log_evicted record for `events` events lost before reaching the writer."""
@@ -282,17 +290,17 @@ class SegmentWriter:
         fields = {"reason": f"{reason} events={events}"}
         self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), fields))
 
-    def _write_batch(self, flat: list[Any], packed: bytes | None, varlen: bool = False) -> None:
+    def _write_batch(self, flat: list[Any], packed: bytes | None, varlen: bool = False, stepped: bool = False) -> None:
         """Parquet format: journal pending loss records and then `flat` as binary frames, buffering their columns.
 
-        `packed` is `flat` marshalled, or with `varlen` the queued batch it was made from (batch.fixed_flat).
+        `packed` is `flat` marshalled, or with `varlen` the (offset, stepped, queued batch) it was made from.
         """
         synced, synced_now = self._synced()
         if self._pending:
             pending, self._pending = self._pending, []
             self._write_frame([entry for item in pending for entry in item], None, synced_now)
         if flat:
-            self._write_frame(flat, packed, synced, varlen)
+            self._write_frame(flat, packed, synced and not stepped, varlen)
 
     def _write_frame(self, flat: list[Any], packed: bytes | None, synced: bool, varlen: bool = False) -> None:
         """Append one batch to the binary journal (one frame) and to the segment's Parquet columns."""

@@ -37,13 +37,13 @@ def _journal(tmp_path, frames=4):
         for i in range(BATCH):
             msg_id = f"m{f}-{i}"
             values = (msg_id, f"s{i % 3}", "a/#", 1)
-            batch += ["routed", now, mono, *values] if queued else ["routed", now, mono, values]
+            batch += ["routed", mono, *values] if queued else ["routed", now, mono, values]
             ids.append(msg_id)
         values = (f"r{f}", "pub", "a/b", 1, False, 5, [("seq", str(f))], 7)
-        batch += ["received", now, mono, *values] if queued else ["received", now, mono, values]
+        batch += ["received", mono, *values] if queued else ["received", now, mono, values]
         ids.append(f"r{f}")
         if queued:
-            writer.write_queued_packed(marshal.dumps(batch, 4))
+            writer.write_queued_packed(marshal.dumps((now - mono, False, batch), 4))
         else:
             writer.write_flat(batch)
         (part,) = [n for n in os.listdir(tmp_path / "src") if n.endswith(PART)]

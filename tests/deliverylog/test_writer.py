@@ -167,7 +167,7 @@ def test_backlog_overflow_counts_positional_events_exactly(make_log, tmp_path):
     from appliance.broker.model import Message
 
     log = make_log(max_backlog=10, flush_interval_s=30.0)
-    for i in range(30):  # queued entries per event: 4 (keyword), 4 (committed), 6 (acked), 11 (received)
+    for i in range(30):  # queued entries per event: 3 (keyword), 3 (committed), 5 (acked), 10 (received)
         m = Message(f"m{i}", "t/x", b"abc", 1, False, "pub", 0.0)
         (log.emit("dropped", msg_id=m.msg_id, reason="queue_full") if i % 4 == 0 else log.committed(m) if i % 4 == 1
          else log.acked(m, "sub", 1) if i % 4 == 2 else log.received(m, i))
@@ -183,15 +183,37 @@ def test_backlog_overflow_counts_positional_events_exactly(make_log, tmp_path):
 def test_queued_batches_parse_or_fail_loudly():
     from appliance.deliverylog.batch import fixed_flat, queued_starts
 
-    queued = ["committed", 1, 2, "m1", "node_start", 3, 4, {}, "routed", 5, 6, "m1", "s", "f/#", 1]
-    assert queued_starts(queued) == [0, 4, 8] and queued_starts(queued, limit=2) == [0, 4]
-    assert fixed_flat(queued) == ["committed", 1, 2, ("m1",), "node_start", 3, 4, {}, "routed", 5, 6,
-                                  ("m1", "s", "f/#", 1)]
-    for bad in (queued[:-1], queued[:2], ["no_such_kind", 1, 2, "m1"]):
+    queued = ["committed", 2, "m1", "node_start", 4, {}, "routed", 6, "m1", "s", "f/#", 1]
+    assert queued_starts(queued) == [0, 3, 6] and queued_starts(queued, limit=2) == [0, 3]
+    assert fixed_flat(queued, 100) == ["committed", 102, 2, ("m1",), "node_start", 104, 4, {}, "routed", 106, 6,
+                                       ("m1", "s", "f/#", 1)]
+    for bad in (queued[:-1], queued[:2], ["no_such_kind", 1, "m1"]):
         with pytest.raises(ValueError):
-            fixed_flat(bad)
+            fixed_flat(bad, 0)
         with pytest.raises(ValueError):
             queued_starts(bad)
+
+
+def test_a_wall_clock_step_marks_the_batch_it_falls_in_unsynchronised(make_log, tmp_path, monkeypatch):
+    """Events read CLOCK_MONOTONIC only; the wall time is derived from the offset the drain reads around each batch."""
+    from appliance.deliverylog import sink
+
+    step = [0]
+    monkeypatch.setattr(sink, "_time_ns", lambda: time.time_ns() + step[0])
+    log = make_log(flush_interval_s=30.0)
+    log.emit("peer_up", peer_node="a")
+    log.flush()
+    step[0] = 3_600 * 10**9  # the wall clock jumps an hour ahead
+    wall = (time.time_ns() + step[0]) // 1000
+    log.emit("peer_up", peer_node="b")  # in the batch whose drain sees the step
+    log.flush()
+    log.emit("peer_up", peer_node="c")
+    log.flush()
+    log.close()
+    a, b, c = _raw(tmp_path / "log")
+    assert [r["clock_synced"] for r in (a, b, c)] == [True, False, True]
+    assert a["ts_wall_us"] < wall - 3_599 * 10**6 and wall <= b["ts_wall_us"] <= c["ts_wall_us"] < wall + 10**7
+    assert a["ts_mono_us"] < b["ts_mono_us"] < c["ts_mono_us"]
 
 
 def _flushed_part(make_log, directory, batches):
@@ -318,7 +340,7 @@ def test_queued_events_keep_no_broker_object_alive(make_log, tmp_path):
     queued = list(log._queue)
     assert not [r for r in gc.get_referents(*queued) if r is message or r is props or r is props.user_properties]
     tracked = [entry for entry in queued if gc.is_tracked(entry)]  # only the received event's fields hold a container
-    assert tracked == [queued[3]] and isinstance(queued[3]["message"], tuple)
+    assert tracked == [queued[2]] and isinstance(queued[2]["message"], tuple)
     log.close()
     received, delivered = _raw(tmp_path / "log")
     assert (received["msg_id"], received["publisher_seq"], received["payload_size"]) == ("n1:90", 7, 2)
