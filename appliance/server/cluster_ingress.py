@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from appliance.broker.model import Message
 from appliance.cluster.forwarding import OnAcked
 from appliance.cluster.ownership import (
+    OP_DROP,
     OP_QOS2_ADD,
     OP_SESSION,
     OP_SNAPSHOT,
@@ -112,10 +113,10 @@ class IngressGuard:
         if cid not in self.assigned:
             self._session_op(cid, OP_SESSION, b"", False)  # placement and a first snapshot
         elif len(self.assigned[cid]) < self.r - 1:  # under-replicated (a peer just returned): place it now
-            return self._replace(cid, set(self.svc.membership.live()))
+            return self._replace(cid)
         return self.assigned.get(cid, [])
 
-    def _replace(self, cid: str, live: set[str]) -> list[str]:
+    def _replace(self, cid: str) -> list[str]:
         """Move a local session's replicas to its current placement (ClusterWiring)."""
         raise NotImplementedError
 
@@ -213,7 +214,8 @@ class IngressGuard:
     def _ingress_peer_down(self, peer: str) -> None:
         """A replica that had not acknowledged a packet id is gone: the session is re-replicated at once to its new
         replicas (a snapshot carries the id and the pending message) and the holds wait for them instead; their
-        own streams are released, the snapshot going out ahead of the held forwards."""
+        own streams are released, the snapshot going out ahead of the held forwards. The replicas it leaves drop
+        their copies once their links are back."""
         for mark, entry in list(self._unconfirmed.items()):
             if peer not in entry[1]:
                 continue
@@ -226,6 +228,9 @@ class IngressGuard:
             if not new or self.broker is None or cid not in self.broker.sessions:
                 self._q2_acked(mark, peer)  # nothing left to resume from: holding has no purpose
                 continue
+            for gone in self.assigned.get(cid, []):
+                if gone not in new:  # abandoned: it would keep what is released from now on (chaos 30033)
+                    self._replicate(gone, cid, OP_DROP, b"", False)  # sent when its link is back
             self.assigned[cid] = new
             entry[1].update(new)
             for held, token in [h for h in entry[2] if h[0] in new]:

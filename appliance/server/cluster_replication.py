@@ -186,13 +186,13 @@ class QueueReplication:
         broker = self.broker
         if broker is None or self.r < 2:
             return
-        live = set(self._live())
         for cid, session in list(broker.sessions.items()):
             if session.persistent:
-                self._replace(cid, live)
+                self._replace(cid)
 
-    def _replace(self, cid: str, live: set[str]) -> list[str]:
-        """Move one local session's replicas to its current placement (snapshots to new ones); return them."""
+    def _replace(self, cid: str) -> list[str]:
+        """Move one local session's replicas to its current placement (snapshots to new ones, OP_DROP to the ones
+        it leaves, sent to a node that is down once its link is back); return them."""
         want = self._placement(cid)
         have = self.assigned.get(cid, [])
         if want != have:
@@ -201,7 +201,7 @@ class QueueReplication:
                 if peer not in have:
                     self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False)
             for peer in have:
-                if peer not in want and peer in live:
+                if peer not in want:  # a copy left behind keeps pending messages released later (chaos 30033)
                     self._replicate(peer, cid, OP_DROP, b"", False)
             self.assigned[cid] = want
         return want
