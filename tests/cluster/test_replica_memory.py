@@ -2,9 +2,10 @@
 had had came with it) and placed a new replica, which learnt only the 24 queued ids from its snapshot. node0 was
 SIGKILLed; sub1 resumed from that copy on node1 and received, as new, pub2's message #131 that it had completed
 6.7 s earlier: pub2's copy, resumed on node2, still held #131 as pending and passed it on again, and nothing
-remembered its id. Now a snapshot carries the owner's ids; and a copy that placement leaves is dropped (one left
-behind by a placement that moved away and back within one rebalance delay kept every pending message released
-after it: seen in traced runs of the same seed).
+remembered its id. Now a snapshot carries the owner's ids; a pending QoS2 message whose packet id the copy no longer
+holds is not passed on (its release missed the copy); and a copy that placement leaves is dropped (one left behind
+by a placement that moved away and back within one rebalance delay kept every pending message released after it:
+seen in traced runs of the same seed).
 
 Real nodes (broker + SQLite + ClusterWiring) and bare ClusterService peers on loopback.
 """
@@ -26,7 +27,7 @@ from appliance.cluster.ownership import (
     encode_claim,
     encode_handover,
 )
-from appliance.cluster.wire import Forward, Replicate
+from appliance.cluster.wire import Forward, Replicate, encode
 from appliance.protocol.reason_codes import ReasonCode
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 
@@ -153,4 +154,21 @@ async def test_a_copy_left_by_placement_is_dropped_not_kept_with_released_pendin
             task.cancel()
         for peer in (nb, nc, *back):
             await peer.svc.async_stop()
+        await stop_node(node)
+
+
+async def test_a_pending_qos2_message_whose_packet_id_was_released_is_not_passed_on(tmp_path: Path) -> None:
+    """A resumed publisher's copy holds three pending QoS2 messages: m1 under packet id 5, which the copy no longer
+    holds (its PUBREL was replicated, so the message was acknowledged and its pending entry released: that release
+    missed this copy), m2 under id 6, still held, and m3 from an older node (no id recorded). m2 and m3 are routed
+    again; m1 is not. Before the fix m1 was routed again too: chaos 30033's pub2#131, 7 s after its PUBCOMP."""
+    node = await start_node(tmp_path / "na", "na", ())
+    try:
+        adopt_session(node.broker, SessionRecord("s", 1, 3600, subscriptions=dict(SUBS)), [], [])
+        pending = {f"{mark:020d}/": encode(Forward(pid, _message(msg_id), ()))
+                   for mark, pid, msg_id in ((1, 5, "m1"), (2, 6, "m2"), (3, 0, "m3"))}
+        copy = ReplicaCopy("nb", 1000.0, SessionRecord("pub2", 1, 3600), {}, {6}, stranded=pending)
+        assert wiring_of(node).pass_on_stranded(copy) == 2
+        assert [d.message.msg_id for d in node.broker.sessions["s"].queue] == ["m2", "m3"]
+    finally:
         await stop_node(node)
