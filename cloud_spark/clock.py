@@ -12,7 +12,10 @@ STEP_THRESHOLD_US = 1_000_000
 
 
 def place_clocks(events: DataFrame) -> DataFrame:
-    """Per place (boot, device, firmware): the partial clock aggregates boot_clocks combines (one hash pass)."""
+    """Per place (boot, device, firmware): the partial clock aggregates boot_clocks combines (one hash pass).
+
+    Also `client_log`: whether the place's events are a client's receipt log (what fate.logged_clients needs).
+    """
     offset = F.col("ts_wall_us") - F.col("ts_mono_us")
     synced, mono = F.col("clock_synced"), F.col("ts_mono_us")
     return events.groupBy(*PLACE_KEY).agg(
@@ -23,6 +26,7 @@ def place_clocks(events: DataFrame) -> DataFrame:
         F.max_by(offset, mono).alias("last_offset"),
         F.max(offset).alias("max_offset"), F.min(offset).alias("min_offset"),
         F.min(mono).alias("first_mono_us"), F.max(mono).alias("last_mono_us"),
+        F.max(F.col("source") == "client").alias("client_log"),
     )
 
 

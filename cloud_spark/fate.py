@@ -32,11 +32,18 @@ def messages(timed: DataFrame) -> DataFrame:
     )
 
 
-def pairs(timed: DataFrame) -> DataFrame:
+def drops(timed: DataFrame) -> DataFrame:
+    """Per (message, subscriber) a broker dropped: the last drop's reason (subscriber null: at ingress; small)."""
+    dropped = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull() & (F.col("kind") == "dropped"))
+    return dropped.groupBy("fleet", "msg_id", "subscriber").agg(
+        F.max_by(F.col("reason"), F.col("ts_us")).alias("reason"))
+
+
+def pairs(timed: DataFrame, drop_rows: DataFrame) -> DataFrame:
     """One row per (message, intended subscriber) seen in any per-subscriber broker event.
 
     One hash aggregation over the per-subscriber events (stamps as place and time, see stamps.py; fates attaches
-    them); the drop reason, the one string, comes from the dropped events alone.
+    them); the drop reason, the one string, comes from drop_rows (drops()).
     """
     kind = F.col("kind")
     per_sub = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull()
@@ -54,9 +61,9 @@ def pairs(timed: DataFrame) -> DataFrame:
         _count(kind == "expired").alias("expired"),
         seen_ts.alias("last_us"), seen_place.alias("last_seen_place"),
     ).withColumn("last_seen_ts", F.col("last_us"))
-    drops = per_sub.where(kind == "dropped").groupBy(*key).agg(
-        F.max_by(F.coalesce(F.col("reason"), F.lit("unspecified")), F.col("ts_us")).alias("drop_reason"))
-    return agg.join(drops, key, "left")
+    dropped = drop_rows.where(F.col("subscriber").isNotNull()).select(
+        *key, F.coalesce(F.col("reason"), F.lit("unspecified")).alias("drop_reason"))
+    return agg.join(dropped, key, "left")
 
 
 def receipts(timed: DataFrame) -> DataFrame:
@@ -68,9 +75,9 @@ def receipts(timed: DataFrame) -> DataFrame:
             .agg(F.count(F.lit(1)).alias("e2e_receipts"), F.min("ts_us").alias("e2e_first_us")))
 
 
-def logged_clients(timed: DataFrame) -> DataFrame:
-    """The clients that uploaded any receipt log: only for them can end-to-end loss be judged."""
-    return timed.where(F.col("source") == "client").select("fleet", F.col("node").alias("receiver")).distinct()
+def logged_clients(place_rows: DataFrame) -> DataFrame:
+    """The clients that uploaded any receipt log: only for them can end-to-end loss be judged (from the places)."""
+    return place_rows.where(F.col("client_log")).select("fleet", F.col("node").alias("receiver")).distinct()
 
 
 def fates(pair_rows: DataFrame, message_rows: DataFrame, receipt_rows: DataFrame, clients: DataFrame,
@@ -138,10 +145,11 @@ def fates(pair_rows: DataFrame, message_rows: DataFrame, receipt_rows: DataFrame
     )
 
 
-def ingress_drops(timed: DataFrame) -> DataFrame:
-    """Messages dropped before routing (no subscriber involved), by reason (the last one given per message)."""
-    dropped = timed.where((F.col("source") == "broker") & F.col("msg_id").isNotNull() & (F.col("kind") == "dropped")
-                          & F.col("subscriber").isNull())
-    per_msg = dropped.groupBy("fleet", "msg_id").agg(F.max_by(F.col("reason"), F.col("ts_us")).alias("reason"))
+def ingress_drops(drop_rows: DataFrame) -> DataFrame:
+    """Messages dropped before routing (no subscriber involved), by reason (the last one given per message).
+
+    drop_rows: drops().
+    """
+    per_msg = drop_rows.where(F.col("subscriber").isNull())
     return (per_msg.where(F.col("reason").isNotNull())
             .groupBy("fleet", "reason").agg(F.count(F.lit(1)).alias("messages")))

@@ -146,10 +146,14 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
     # each analysis pass reads only the columns it needs straight from Parquet: cheaper than building a cache
     timed = clock.with_event_time(events, places).select(*TIMED_COLUMNS)
     with step("analyze: message fate"):
-        facts = fate.fates(fate.pairs(timed), fate.messages(timed), fate.receipts(timed), fate.logged_clients(timed),
-                           places, window_end_us, grace_us)
-        overwrite(facts, "fate").partitionBy("fleet", "date").parquet(f"{out}/fate")
-        fate.ingress_drops(timed).write.mode("overwrite").parquet(f"{out}/ingress_drops")
+        drops = fate.drops(timed).cache()  # one pass for the pairs' and the ingress drops; small
+        try:
+            facts = fate.fates(fate.pairs(timed, drops), fate.messages(timed), fate.receipts(timed),
+                               fate.logged_clients(places), places, window_end_us, grace_us)
+            overwrite(facts, "fate").partitionBy("fleet", "date").parquet(f"{out}/fate")
+            fate.ingress_drops(drops).write.mode("overwrite").parquet(f"{out}/ingress_drops")
+        finally:
+            drops.unpersist()
     fates = spark.read.schema(facts.schema).parquet(f"{out}/fate")  # schema given: an empty table still reads
     with step("analyze: ordering"):
         arr = ordering.arrivals(fates)
@@ -169,8 +173,12 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
                 rollups.rollup_of(sets, dim).write.mode("overwrite").parquet(f"{out}/rollup_{dim}")
         finally:
             sets.unpersist()
-        inc = rollups.incidents(timed, window_end_us)
-        rollups.incident_impact(inc, fates, late).write.mode("overwrite").parquet(f"{out}/incidents")
+        life = rollups.lifecycle(timed).cache()  # windows and crash evidence from one pass; small
+        try:
+            inc = rollups.incidents(life, timed, window_end_us)
+            rollups.incident_impact(inc, fates, late).write.mode("overwrite").parquet(f"{out}/incidents")
+        finally:
+            life.unpersist()
     with step("analyze: summary"):
         summary = build_summary(spark, out, window_end_us, grace_us, ingest_summary)
         write_text(spark, f"{out}/summary.json", json.dumps(summary, indent=2, sort_keys=True))

@@ -72,13 +72,20 @@ def rollup(fate_rows: DataFrame, late_rows: DataFrame, dimension: str) -> DataFr
     return rollup_of(rollup_sets(fate_rows, late_rows), dimension)
 
 
-def incidents(timed: DataFrame, window_end_us: int) -> DataFrame:
+LIFECYCLE = ("peer_down", "peer_up", "node_stop", "node_start")
+
+
+def lifecycle(timed: DataFrame) -> DataFrame:
+    """The peer and node lifecycle events incidents are made of (a small table)."""
+    return timed.where(F.col("kind").isin(*LIFECYCLE)).select("fleet", "device", "node", "peer_node", "kind", "ts_us")
+
+
+def incidents(lifecycle_rows: DataFrame, timed: DataFrame, window_end_us: int) -> DataFrame:
     """peer_down..peer_up, node_stop..node_start and node_crash windows (see crashes).
 
-    An unclosed peer_down or node_stop window ends at the analysis window's end.
+    lifecycle_rows: lifecycle(timed). An unclosed peer_down or node_stop window ends at the analysis window's end.
     """
-    kinds = ("peer_down", "peer_up", "node_stop", "node_start")
-    ev = timed.where(F.col("kind").isin(*kinds)).select(
+    ev = lifecycle_rows.select(
         "fleet", "device", "node", "peer_node", "kind", "ts_us",
         F.when(F.col("kind").startswith("peer"), "peer_down").otherwise("node_stop").alias("incident"))
     key = ["fleet", "node", "incident", F.coalesce("peer_node", F.lit(""))]
@@ -93,10 +100,10 @@ def incidents(timed: DataFrame, window_end_us: int) -> DataFrame:
         "fleet", "incident", "device", "node", "peer_node", F.col("ts_us").alias("start_us"),
         F.coalesce("end_us", F.lit(window_end_us)).alias("end_us"), F.col("end_us").isNull().alias("open"),
         ((F.coalesce("end_us", F.lit(window_end_us)) - F.col("ts_us")) / 1e6).alias("duration_s"),
-    ).unionByName(crashes(timed))
+    ).unionByName(crashes(lifecycle_rows, timed))
 
 
-def crashes(timed: DataFrame) -> DataFrame:
+def crashes(lifecycle_rows: DataFrame, timed: DataFrame) -> DataFrame:
     """node_crash windows: a node_start whose previous run (since the node's previous node_start) has no node_stop.
 
     A process killed with -9 writes no node_stop; the evidence is the restart. The window runs from the previous
@@ -104,7 +111,7 @@ def crashes(timed: DataFrame) -> DataFrame:
     join with the (few) node_start events, so no event is sorted or shuffled. A node that died and never restarted
     leaves no evidence here (its logs simply stop) and is not reported.
     """
-    starts = timed.where(F.col("kind") == "node_start").select(
+    starts = lifecycle_rows.where(F.col("kind") == "node_start").select(
         "fleet", "node", "device", F.col("ts_us").alias("run_start_us"))
     by_node = Window.partitionBy(F.col("fleet"), F.col("node")).orderBy("run_start_us")
     runs = starts.withColumn("prev_start_us", F.lag("run_start_us").over(by_node))

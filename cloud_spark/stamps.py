@@ -42,11 +42,15 @@ def last(ts: str = "ts_us", place: str = "place") -> tuple[Column, Column]:
 
 
 def places(events: DataFrame, clocks: DataFrame) -> DataFrame:
-    """One row per place: its id, where it is, and its boot's clock offset and sync state (a small table)."""
-    where = events.select(*PLACE_KEY).distinct()
+    """One row per place: its id, where it is, its boot's clock offset and sync state, whether a client logged there.
+
+    events: the events or clock.place_clocks' rows (a small table).
+    """
+    client = F.col("client_log") if "client_log" in events.columns else F.col("source") == "client"
+    where = events.groupBy(*PLACE_KEY).agg(F.max(client).alias("client_log"))
     boot = clocks.select("fleet", "node", "boot_id", "offset_us", "boot_synced")
     return (where.join(F.broadcast(boot), ["fleet", "node", "boot_id"], "left")
-            .select(event_place().alias("place"), *PLACE_KEY, "offset_us", "boot_synced"))
+            .select(event_place().alias("place"), *PLACE_KEY, "offset_us", "boot_synced", "client_log"))
 
 
 def attach(rows: DataFrame, name: str, place_rows: DataFrame, fields: tuple[str, ...] = STAMP_FIELDS) -> DataFrame:
