@@ -259,7 +259,8 @@ def _spy(pid: int, duration: float, out: str) -> Any:
 
 
 def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
-                  writer_cpu: str = "broker", spy_out: str = "") -> tuple[float, int, int, float, float]:
+                  writer_cpu: str = "broker", spy_out: str = "",
+                  writer_nice: int | None = None) -> tuple[float, int, int, float, float]:
     """One qos1 loadgen run against a fresh broker.
 
     Returns (delivered msg/s, delivered, log bytes, broker CPU s, broker + writer child CPU s) with CPU counted
@@ -298,6 +299,9 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
             for child in _children(broker.pid):
                 subprocess.run(["taskset", "-a", "-p", "-c", LOADGEN_CPU, str(child)], check=True,
                                stdout=subprocess.DEVNULL)
+        if writer_nice is not None:  # the child runs at nice 10 (child.NICE); on a box shared with other jobs that
+            for child in _children(broker.pid):  # starves it where a Pi's spare core would not
+                os.setpriority(os.PRIO_PROCESS, child, writer_nice)
         threads0 = _thread_cpu(broker.pid)
         cpu0 = _cpu_seconds(broker.pid)
         t0 = time.time()
@@ -351,6 +355,8 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
         kinds: dict[str, int] = {}
         for r in read_segments(log_dir, fill_nulls=False):
             kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+            if r["kind"] == "log_evicted":
+                print(f"  log_evicted: {r.get('reason')}", flush=True)
         print(f"  logged {kinds} for {result['delivered']} delivered messages", flush=True)
         print(f"  closed segments: {sorted(n.rsplit('.', 1)[-1] for n in os.listdir(log_dir) if n[0] != '.')}")
     shutil.rmtree(tmp)
@@ -360,7 +366,7 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
 
 
 def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ...], writer_cpu: str = "broker",
-                 spy_dir: str = "") -> None:
+                 spy_dir: str = "", writer_nice: int | None = None) -> None:
     """Our broker's QoS1 delivered rate and CPU per message, logging off and on in each format, interleaved."""
     import statistics
 
@@ -371,7 +377,7 @@ def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ..
         for fmt in configs[r % len(configs):] + configs[: r % len(configs)]:  # rotate the order each round
             spy_out = os.path.join(spy_dir, f"round{r}-{fmt or 'off'}.txt") if spy_dir else ""
             rate, delivered, size, cpu_broker, cpu_tree = _broker_round(fmt is not None, duration, mode, fmt or "",
-                                                                        writer_cpu, spy_out)
+                                                                        writer_cpu, spy_out, writer_nice)
             runs[fmt].append((rate, cpu_broker, cpu_tree))
             if fmt is not None:
                 per_msg[fmt].append(size / max(delivered, 1))
@@ -381,6 +387,8 @@ def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ..
 
     off = runs[None]
     where = "the broker's core" if writer_cpu == "broker" else "the load generator's core"
+    if writer_nice is not None:
+        where += f", reniced to {writer_nice}"
     print(f"[writer in a {mode} on {where}, {rounds} rounds of {duration:.0f} s] logging off: {med(off, 0):.0f} msg/s "
           f"{sorted(round(x[0]) for x in off)}, broker CPU {med(off, 1) * 1e6:.1f} µs/message")
     for fmt in formats:
@@ -407,6 +415,8 @@ def main() -> None:
     ap.add_argument("--format", choices=[*FORMATS, "both"], default="both", help="closed segment format")
     ap.add_argument("--writer-cpu", choices=["broker", "other"], default="broker",
                     help="writer child pinned with the broker (one core, the worst case) or moved to the other core")
+    ap.add_argument("--writer-nice", type=int, default=None, metavar="N",
+                    help="renice the writer child to N (default: leave the product's nice 10)")
     ap.add_argument("--py-spy", default="", metavar="DIR",
                     help="sample each broker round with py-spy (GIL holders) into DIR and print where the time went")
     args = ap.parse_args()
@@ -414,7 +424,8 @@ def main() -> None:
         os.makedirs(args.py_spy, exist_ok=True)
     formats = FORMATS if args.format == "both" else (args.format,)
     if args.broker_rounds:
-        broker_ratio(args.broker_rounds, args.duration, args.mode, formats, args.writer_cpu, args.py_spy)
+        broker_ratio(args.broker_rounds, args.duration, args.mode, formats, args.writer_cpu, args.py_spy,
+                     args.writer_nice)
         return
     n = args.messages
     print(f"NullEventSink: {null_cost(n):.2f} µs CPU per message (5 events)")

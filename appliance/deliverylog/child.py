@@ -77,6 +77,13 @@ def main() -> int:
 def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
     """Frame loop; returns the exit code."""
     send(out, b"A", _stats_json(writer))
+    if writer.limits.format == "parquet":  # while the broker finishes starting; its first batches wait in the pipe
+        from .columnar import warm_up
+
+        try:
+            warm_up()
+        except Exception:  # only a warm-up: the same failure is met, and counted, at the first segment
+            pass
     last_tick = time.monotonic()
     while True:
         ready, _, _ = select.select([reader.fd], [], [], TICK_S) if not reader.buf else ([reader.fd], [], [])

@@ -167,3 +167,28 @@ def test_sigkill_while_a_parquet_tmp_is_half_built_loses_nothing_flushed(tmp_pat
     assert got == list(range(len(got))), "records are not a clean prefix"
     assert len(got) >= last + 1, f"flushed up to {last} but only {len(got)} records survived"
     assert len({r["event_id"] for r in records}) == len(records)
+
+
+def test_after_warm_up_building_a_segment_imports_nothing_new(tmp_path):
+    """The writer child warms Arrow up at start: its first batches must not pay for imports (pandas, kernels)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from appliance.deliverylog.columnar import ParquetSegment, warm_up\n"
+        "from appliance.deliverylog.identity import Identity\n"
+        "warm_up()\n"
+        "before = set(sys.modules)\n"
+        f"seg = ParquetSegment({str(tmp_path / 'x.parquet')!r}, Identity('f', 'd', 'n', '1', 'b'), 0)\n"
+        "flat = []\n"
+        "for i in range(1000):\n"
+        "    flat += ['received', 1, 1, (f'm{i}', 'p', 't', 1, False, 3, [('seq', str(i))], 7)]\n"
+        "    flat += ['acked', 1, 1, (f'm{i}', 's', 1)]\n"
+        "seg.add_flat(flat, True, 'seq')\n"
+        "seg.flush_row_group()\n"
+        "assert seg.finish() > 0\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
