@@ -51,6 +51,9 @@ class BrokerError(Exception):
         self.reason_code = reason_code
 
 
+_SUCCESS, _NO_MATCHING = ReasonCode.SUCCESS, ReasonCode.NO_MATCHING_SUBSCRIBERS  # globals: enum lookups are slow
+
+
 def publication_properties(props: Properties) -> Properties:
     """The properties forwarded with a message: without Topic Alias and Subscription Identifiers [MQTT-3.3.4-6]."""
     if props.topic_alias is None and not props.subscription_identifiers:
@@ -406,7 +409,7 @@ class Broker:
             reached, persisted = reached + remote, persisted or persisted_here or bool(remote)
         if qos == 0:
             return
-        code = ReasonCode.NO_MATCHING_SUBSCRIBERS if v5 and not reached else ReasonCode.SUCCESS
+        code = _NO_MATCHING if v5 and not reached else _SUCCESS
         ack = Puback(pid, code, NO_PROPERTIES) if qos == 1 else Pubrec(pid, code, NO_PROPERTIES)  # type: ignore[arg-type]
         if persisted and events is not None:  # one callback after the commit: the event, then the ack
             session.pending_acks += 1

@@ -12,6 +12,7 @@ from .model import Delivery, DeliveryState, Message, SessionRecord
 from .ports import EventSink, Store
 
 NEVER_EXPIRES = 0xFFFFFFFF
+_SENT = DeliveryState.SENT  # a global: the enum attribute lookup is slow on the hot path
 
 
 class ClientLink(Protocol):
@@ -125,7 +126,7 @@ class Session:
         else:
             self._next_packet_id = pid % 65535 + 1
         delivery.packet_id = pid
-        delivery.state = DeliveryState.SENT
+        delivery.state = _SENT
         self.inflight[pid] = delivery
         if self.store is not None:
             self.store.enqueue(self.record.client_id, delivery)  # the row pump's enqueue + update would leave
@@ -156,11 +157,11 @@ class Session:
                 continue
             pid = self._allocate_packet_id()
             delivery.packet_id = pid
-            delivery.state = DeliveryState.SENT
+            delivery.state = _SENT
             delivery.attempts += 1
             inflight[pid] = delivery
             if self.store is not None:
-                self.store.update_delivery(self.record.client_id, delivery.seq, DeliveryState.SENT, pid)
+                self.store.update_delivery(self.record.client_id, delivery.seq, _SENT, pid)
                 if delivery.qos == 2:
                     # A QoS2 packet id may reach the client only once it is durable: a restart must resend it
                     # with DUP under the same id, never as a new message under another one [MQTT-4.3.3, MQTT-4.4.0-1].

@@ -37,6 +37,10 @@ class State(Enum):
     CLOSED = "closed"  # DISCONNECT or failed CONNACK sent / received, or a protocol error
 
 
+# Enum members as module constants for the hot paths: State.X is a class attribute lookup costing ~0.2-0.5 us in
+# Python 3.11, a global ~0.02 us.
+_CLOSED, _CONNECTED, _AWAIT_CONNECT = State.CLOSED, State.CONNECTED, State.AWAIT_CONNECT
+
 IN, OUT = "in", "out"  # received from the client / sent by the server
 _P = PacketType
 _CLIENT_SENDS = (_P.PUBLISH, _P.PUBACK, _P.PUBREC, _P.PUBREL, _P.PUBCOMP, _P.SUBSCRIBE, _P.UNSUBSCRIBE, _P.PINGREQ)
@@ -96,7 +100,7 @@ class Connection:
     @property
     def closed(self) -> bool:
         """True once nothing more may be sent or received."""
-        return self.state is State.CLOSED
+        return self.state is _CLOSED
 
     def _transition(self, direction: str, ptype: PacketType) -> State:
         try:
@@ -120,17 +124,17 @@ class Connection:
         """
         if self.error is not None:
             raise self.error
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             if data:
                 raise ProtocolError("data received after the connection closed [MQTT-3.14.4-1]")
             return []
         try:
-            if self.state is State.AWAIT_CONNECT and data and data[0] != 0x10 and not self.decoder.buffered:
+            if self.state is _AWAIT_CONNECT and data and data[0] != 0x10 and not self.decoder.buffered:
                 raise ProtocolError(f"first byte 0x{data[0]:02x} is not CONNECT [MQTT-3.1.0-1]")
             packets = self.decoder.feed(data)
             for packet in packets:
                 cls = type(packet)
-                if self.state is State.CONNECTED and (cls is Publish or cls in _ACK_TYPES):
+                if self.state is _CONNECTED and (cls is Publish or cls in _ACK_TYPES):
                     if cls is Publish and (packet.qos or self.decoder.protocol_version == MQTT_5):  # type: ignore[union-attr]
                         self._receive_publish(packet)  # type: ignore[arg-type]
                 else:
@@ -221,10 +225,10 @@ class Connection:
         and treat it as delivered [MQTT-3.1.2-24, MQTT-3.1.2-25]), a DISCONNECT to a 3.1.1 client (just close), or
         any packet once the connection is closed (check `closed` to tell this apart). Out-of-order sends raise.
         """
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return b""  # the connection is gone: nothing more goes out [MQTT-3.14.4-1]
         cls = type(packet)
-        if cls in _ACK_FIRST_BYTE and self.state is State.CONNECTED:  # hot path: a plain acknowledgement
+        if cls in _ACK_FIRST_BYTE and self.state is _CONNECTED:  # hot path: a plain acknowledgement
             ack: Puback = packet  # type: ignore[assignment]
             pid = ack.packet_id
             props = ack.properties
@@ -307,8 +311,8 @@ class Connection:
         client's Maximum Packet Size: drop it and treat it as delivered [MQTT-3.1.2-24, MQTT-3.1.2-25]; also b""
         once the connection is closed (then `closed` is True and the message stays queued for the session).
         """
-        if self.state is not State.CONNECTED:
-            if self.state is State.CLOSED:
+        if self.state is not _CONNECTED:
+            if self.state is _CLOSED:
                 return b""
             self._transition(OUT, _P.PUBLISH)
         version = self.decoder.protocol_version or 4

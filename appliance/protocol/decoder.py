@@ -54,6 +54,7 @@ REASON_CODES: dict[int, frozenset[int]] = {
     _P.DISCONNECT: _DISCONNECT_CODES, _P.AUTH: _AUTH_CODES,
 }
 # 3.1.1 CONNACK return codes [MQTT-3.2.2.3] as the v5 codes Connack.reason_code holds.
+_SUCCESS = ReasonCode.SUCCESS  # a global: the enum attribute lookup is slow on the hot path
 _V311_CONNACK_TO_V5 = {0: ReasonCode.SUCCESS, 1: ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
                        2: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, 3: ReasonCode.SERVER_UNAVAILABLE,
                        4: ReasonCode.BAD_USER_NAME_OR_PASSWORD, 5: ReasonCode.NOT_AUTHORIZED}
@@ -352,7 +353,7 @@ class Decoder:
                 packet_id = (buf[p] << 8) | buf[p + 1]  # the two-byte form of PUBACK..PUBCOMP [MQTT-3.4.2.1]
                 if not packet_id:
                     raise ProtocolError("packet identifier 0 is invalid [MQTT-2.2.1-3]")
-                out.append(_SHORT_ACKS[first](packet_id, ReasonCode.SUCCESS, NO_PROPERTIES))
+                out.append(_SHORT_ACKS[first](packet_id, _SUCCESS, NO_PROPERTIES))
             else:
                 out.append(self._other(first, buf, p, pend))
             pos = pend

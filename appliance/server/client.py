@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("appliance.client")
 
+_CLOSED = State.CLOSED  # a global: the enum attribute lookup is slow on the hot path
 HIGH_WATER = 4 * 1024 * 1024  # bytes buffered for a slow reader before QoS0 messages to it are dropped
 
 
@@ -214,7 +215,7 @@ class ClientProtocol(asyncio.Protocol):
     ) -> bool:
         """Encode and queue one PUBLISH; False when it exceeds the client's Maximum Packet Size."""
         conn = self.conn
-        if self.closed or conn.state is State.CLOSED:  # e.g. PUBACKs read with a DISCONNECT refill the window
+        if self.closed or conn.state is _CLOSED:  # e.g. PUBACKs read with a DISCONNECT refill the window
             return True  # the session keeps it inflight; it is resent on the next connection
         if qos == 0 and self._paused_writing and self.node.flow.is_slow(self):
             self.node.broker.metrics.drop("slow_consumer")
