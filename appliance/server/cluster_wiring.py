@@ -74,6 +74,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self.assigned: dict[str, list[str]] = {}  # local persistent session -> its replica nodes
         self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
+        self._awaiting: dict[str, str] = {}  # client id -> old owner whose hand-over we await (claim ours, no session)
         self._handing: dict[str, tuple[str, bytes, bool]] = {}
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
@@ -201,8 +202,11 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             if options.no_local and client_id == message.publisher:
                 continue
             claim = self.claims.get(client_id)
-            if claim is not None and claim.owner != self.node_id:
-                clients = by_node.setdefault(claim.owner, [])
+            if claim is None:
+                continue
+            node = claim.owner if claim.owner != self.node_id else self._awaited(client_id)
+            if node is not None:
+                clients = by_node.setdefault(node, [])
                 if client_id not in clients:
                     clients.append(client_id)
         return by_node
@@ -356,6 +360,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
     def _apply_claim(self, cid: str, claim: SessionClaim | None, restoring: bool = False) -> None:
         """Route by the winning claim; a node that lost its claim closes the client (0x8E) and hands over."""
         old = self.claims.get(cid)
+        awaited = self._end_awaiting(cid)
         if old is not None and old.owner != self.node_id:
             for topic_filter in old.subscriptions:
                 self.remote_tree.remove(cid, topic_filter)
@@ -366,6 +371,9 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         if claim.owner == self.node_id:
             if not restoring and old is not None and old.owner != self.node_id:
                 self._retarget(cid, old.owner, self.node_id)  # our buffered forwards to its old node: deliver here
+                awaited = old.owner
+            if not restoring and awaited is not None:
+                self._await_handover(cid, claim, awaited)
             return
         for topic_filter, options in claim.subscriptions.items():
             self.remote_tree.add(cid, topic_filter, options)
@@ -376,6 +384,32 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             self._lose(cid, claim)
         if old is not None and old.owner != claim.owner:
             self._retarget(cid, old.owner, claim.owner)
+
+    def _await_handover(self, cid: str, claim: SessionClaim, old: str) -> None:
+        """Our claim arrived before the session (chaos seed 30318: relayed by a third node while the old owner's
+        hand-over was lost with its link): until the hand-over is adopted, the session's messages go to the old
+        owner, which passes them on after it; adopting it takes those still buffered into the session, in order.
+        Routed nowhere (the claim says "here", no session here), they were acknowledged and lost."""
+        broker = self.broker
+        if not claim.persistent or broker is None or cid in broker.sessions:
+            return
+        self._awaiting[cid] = old
+        for topic_filter, options in claim.subscriptions.items():
+            self.remote_tree.add(cid, topic_filter, options)
+
+    def _awaited(self, cid: str) -> str | None:
+        """The old owner that routes a session of ours for us while its hand-over has not been adopted here."""
+        node = self._awaiting.get(cid)
+        return node if node is not None and (self.broker is None or cid not in self.broker.sessions) else None
+
+    def _end_awaiting(self, cid: str) -> str | None:
+        """Stop routing a session through its old owner (adopted, or the claim changed); return that node."""
+        node = self._awaiting.pop(cid, None)
+        claim = self.claims.get(cid)
+        if node is not None and claim is not None:
+            for topic_filter in claim.subscriptions:
+                self.remote_tree.remove(cid, topic_filter)
+        return node
 
     def _lose(self, cid: str, claim: SessionClaim) -> None:
         """Another node's claim won: our connection gets 0x8E; messages it cannot have are handed to it."""
@@ -396,8 +430,10 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         other clients of the old node too stays in that stream for them, narrowed (a detour would reorder it)."""
         if old == self.node_id:
             return
-        if new == self.node_id and (self.broker is None or cid not in self.broker.sessions):
-            return  # the hand-over has not arrived yet: the old node passes these on after it, in order
+        if new == self.node_id:
+            if self.broker is None or cid not in self.broker.sessions:
+                return  # the hand-over has not arrived yet: the old node passes these on after it, in order
+            self._end_awaiting(cid)
         sender = self.svc.senders.get(old)
         if sender is None:
             return
@@ -431,6 +467,10 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         assert broker is not None
         self.store.begin_own_acks()
         missing = self._deliver_here(fwd.message, fwd.clients)
+        for cid in missing:
+            if self._awaiting.get(cid) == peer:  # its hand-over would have come first on this link: it has none
+                log.warning("session %s: no hand-over from %s, which passes its messages on to us", cid, peer)
+                self._end_awaiting(cid)  # sending them back would loop between us
         self._onward(fwd.message, missing)
         self.inner.set_meta(f"cluster.fwd.{peer}", str(fwd.seq))
         self.store.after_own_acks(self._forward_committed, peer, fwd.seq)
@@ -468,12 +508,15 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
 
     def _onward(self, message: Message, clients: list[str]) -> None:
         """Forward a message to the current owners of clients that are not here (the sender too, if it took one
-        over)."""
+        over; to the old owner of one whose hand-over we await)."""
         onward: dict[str, list[str]] = {}
         for cid in clients:
             claim = self.claims.get(cid)
-            if claim is not None and claim.owner != self.node_id:
-                onward.setdefault(claim.owner, []).append(cid)
+            if claim is None:
+                continue
+            node = claim.owner if claim.owner != self.node_id else self._awaited(cid)
+            if node is not None:
+                onward.setdefault(node, []).append(cid)
         for node, named in onward.items():
             self._forward(node, message, tuple(named))
 
