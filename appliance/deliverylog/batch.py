@@ -216,6 +216,11 @@ def _array(pa: Any, name: str, values: Any) -> tuple[Any, int]:
         return values.cast(dtype), 0
     if type(values) is not list:
         values = list(values)  # pyarrow converts a list many times faster than a tuple
+    return column_array(pa, name, values, dtype)
+
+
+def column_array(pa: Any, name: str, values: list[Any], dtype: Any) -> tuple[Any, int]:
+    """An Arrow array of `dtype` for column `name`; values the type cannot hold become null (and are counted)."""
     try:
         return pa.array(values, dtype), 0
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):

@@ -6,10 +6,10 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .batch import NULLABLE, nullable_columns
+from .batch import NULLABLE, column_array, nullable_columns
 from .identity import Identity
 from .journal import Journal
-from .schema import FIELDS, SCHEMA_VERSION, field_problem
+from .schema import FIELDS, SCHEMA_VERSION
 
 ROW_GROUP_EVENTS = 65_536  # rows per row group: bounds the writer's memory, keeps dictionaries and deltas effective
 _ARROW_TYPES = {"string": "string", "int": "int32", "long": "int64", "boolean": "bool_"}
@@ -33,21 +33,6 @@ def arrow_schema() -> Any:
     return pa.schema(
         [pa.field(name, getattr(pa, _ARROW_TYPES[t])(), nullable=nullable) for name, (t, nullable) in FIELDS.items()]
     )
-
-
-def _column(pa: Any, name: str, values: list[Any], dtype: Any) -> tuple[Any, int]:
-    """An Arrow array for one nullable column; values the schema type cannot hold become null (and are counted)."""
-    try:
-        return pa.array(values, dtype), 0
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-        bad = 0
-        clean = []
-        for value in values:
-            if value is not None and field_problem(name, value) is not None:
-                bad += 1
-                value = None
-            clean.append(value)
-        return pa.array(clean, dtype), bad
 
 
 class ParquetSegment:
@@ -95,7 +80,7 @@ class ParquetSegment:
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
             nullable = []
             for name in NULLABLE:  # some value does not fit its column: find it, column by column
-                array, bad = _column(pa, name, [r.get(name) for r in fields], self.schema.field(name).type)
+                array, bad = column_array(pa, name, [r.get(name) for r in fields], self.schema.field(name).type)
                 nullable.append(array)
                 self.bad_values += bad
         self._append(kinds, pa.array(walls, pa.int64()), pa.array(monos, pa.int64()), synced, nullable, event_ids)
