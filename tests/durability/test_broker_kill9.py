@@ -139,12 +139,23 @@ def _subscribe_offline(broker: BrokerProcess, client_id: str, qos: int) -> None:
     sub.disconnect()
 
 
+CAP = 200_000  # messages published at most
+QUEUE_LIMIT = 2 * CAP  # [limits] max_queued_messages: its drop-oldest policy must not be what this test measures
+
+
+def _config(tmp_path: Path) -> Path:
+    """A config whose per-session queue limit the publisher cannot reach (the default, 100,000, it can)."""
+    path = tmp_path / "appliance.toml"
+    path.write_text(f"[limits]\nmax_queued_messages = {QUEUE_LIMIT}\n")
+    return path
+
+
 @pytest.mark.parametrize("qos", [1, 2])
 def test_acknowledged_messages_survive_sigkill(tmp_path: Path, qos: int) -> None:
     seed = 1000 + qos
-    with running_broker("ours", tmp_path / "data") as broker:
+    with running_broker("ours", tmp_path / "data", ("--config", str(_config(tmp_path)))) as broker:
         _subscribe_offline(broker, f"sub-{qos}", qos)
-        acked = _publish_through_kills(broker, qos, cap=200_000, kills=6, seed=seed)
+        acked = _publish_through_kills(broker, qos, cap=CAP, kills=6, seed=seed)
         got = _drain(broker, f"sub-{qos}", len(acked))
         missing = acked - set(got)
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
