@@ -1,11 +1,11 @@
-"""Flat event batches [kind, wall, mono, fields, ...]: their marshal form, and their fields as Arrow columns by kind.
+"""Event batches as the writer receives them (lanes), as the journal and JSON Lines take them (flat), as Arrow columns.
 
-What DeliveryLog queues is a *queued* batch: every event carries CLOCK_MONOTONIC only; a positional event is its
-kind, mono and values inline (kind, mono, *values; VALUES[kind] values, no tuple), a keyword event is kind, mono,
-fields dict. The drain pairs the batch with the wall-minus-monotonic clock offset, and fixed_flat() turns it into
-a flat batch. A batch's positional events (positional.LAYOUTS tuples) become columns by transposing each
-kind's tuples at once (no dict per event); keyword events (dicts) take the per-event path. Columns come back in emit
-order.
+What DeliveryLog drains is a *lanes* batch: one list per hot kind (LANE_KINDS), each event its CLOCK_MONOTONIC and
+its values inline (mono, *values; VALUES[kind] values, no tuple), and lane 0 for keyword events (kind, mono, fields
+dict). A hot lane becomes columns by slicing (lane[j::width], no Python loop per event); the lanes are merged into
+emit order by a stable sort on mono (ties: lane order). The drain pairs the lanes with the wall-minus-monotonic clock
+offset. A *flat* batch [kind, wall, mono, fields, ...] (lanes_flat) is the per-event form; older journals also hold
+*queued* batches (one interleaved list, fixed_flat).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import marshal
 from bisect import bisect_left, bisect_right
 from enum import Enum
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -30,7 +31,77 @@ Item = tuple[str, int, int, Any]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fie
 
 
 VALUES = {kind: len(layout) for kind, layout in LAYOUTS.items()}  # values a queued positional event carries inline
-QUEUED_MIN = 3  # entries of the shortest queued event (kind, mono, msg_id or fields)
+LANE_KINDS = ("received", "committed", "routed", "delivered", "acked")  # lanes 1..5; lane 0: keyword events
+LANE_WIDTHS = (3, *(1 + VALUES[kind] for kind in LANE_KINDS))  # entries per event in each lane
+Lanes = list[list[Any]]
+
+
+def lane_counts(lanes: Lanes) -> list[int]:
+    """Events in each lane; ValueError when the lanes are not a lanes batch."""
+    if type(lanes) is not list or len(lanes) != len(LANE_WIDTHS):
+        raise ValueError("not a lanes batch")
+    counts = []
+    for lane, width in zip(lanes, LANE_WIDTHS, strict=True):
+        if type(lane) is not list or len(lane) % width:
+            raise ValueError(f"a lane of {len(lane)} entries is not whole events of {width}")
+        counts.append(len(lane) // width)
+    return counts
+
+
+def lane_monos(lanes: Lanes) -> list[list[Any]]:
+    """Each lane's CLOCK_MONOTONIC values, in lane order (slices, no loop per event)."""
+    return [lanes[0][1::3], *(lane[0::width] for lane, width in zip(lanes[1:], LANE_WIDTHS[1:], strict=True))]
+
+
+def lanes_flat(lanes: Lanes, offset: int) -> list[Any]:
+    """A lanes batch as a flat batch [kind, wall, mono, fields, ...] in emit order (wall = mono + `offset`)."""
+    lane_counts(lanes)
+    events: list[tuple[Any, ...]] = []
+    generic = lanes[0]
+    for i in range(0, len(generic), 3):
+        events.append((generic[i + 1], generic[i], generic[i + 2]))
+    for kind, lane, width in zip(LANE_KINDS, lanes[1:], LANE_WIDTHS[1:], strict=True):
+        for i in range(0, len(lane), width):
+            events.append((lane[i], kind, tuple(lane[i + 1 : i + width])))
+    try:
+        events.sort(key=itemgetter(0))  # stable: ties keep lane order
+    except TypeError:
+        raise ValueError("a lanes batch with a non-integer clock") from None
+    out: list[Any] = []
+    for mono, kind, fields in events:
+        out += (kind, mono + offset, mono, fields)
+    return out
+
+
+def keep_newest(lanes: Lanes, keep: int) -> tuple[Lanes, int]:
+    """The lanes without their oldest events (by mono) beyond about `keep` (ties at the cut stay); and the dropped."""
+    total = sum(lane_counts(lanes))
+    if total <= keep:
+        return lanes, 0
+    monos = lane_monos(lanes)
+    cut = sorted(chain.from_iterable(monos))[total - keep]  # events at or after the cut stay
+    kept: Lanes = [
+        [entry for i, mono in enumerate(lane_mono) if mono >= cut for entry in lane[i * width : (i + 1) * width]]
+        for lane, width, lane_mono in zip(lanes, LANE_WIDTHS, monos, strict=True)
+    ]
+    return kept, total - sum(lane_counts(kept))
+
+
+def plain_lanes(lanes: Lanes) -> Lanes:
+    """A lanes batch with builtin values only, for marshal (the slow path of a non-builtin value somewhere)."""
+    out: Lanes = []
+    generic = lanes[0]
+    plain_generic: list[Any] = []
+    for i in range(0, len(generic), 3):
+        kind = str(generic[i])
+        plain_generic += (kind, generic[i + 1], _plain_fields(kind, generic[i + 2]))
+    out.append(plain_generic)
+    for kind, lane, width in zip(LANE_KINDS, lanes[1:], LANE_WIDTHS[1:], strict=True):
+        plain_lane: list[Any] = []
+        for i in range(0, len(lane), width):
+            plain_lane += (lane[i], *plain_positional(kind, tuple(lane[i + 1 : i + width])))
+        out.append(plain_lane)
+    return out
 
 
 def fixed_flat(queued: list[Any], offset: int) -> list[Any]:
@@ -54,35 +125,6 @@ def fixed_flat(queued: list[Any], offset: int) -> list[Any]:
         raise ValueError(f"queued batch does not parse at entry {i}") from None
     if i != n:
         raise ValueError(f"queued batch ends inside an event ({n} entries, next event at {i})")
-    return out
-
-
-def queued_starts(queued: list[Any], limit: int | None = None) -> list[int]:
-    """Offsets of the events of a queued batch (of its first `limit` events); ValueError when it does not parse."""
-    starts: list[int] = []
-    sizes = VALUES
-    i, n = 0, len(queued)
-    try:
-        while i < n and (limit is None or len(starts) < limit):
-            starts.append(i)
-            i += 3 if type(queued[i + 2]) is dict else 2 + sizes[queued[i]]
-    except (KeyError, IndexError, TypeError):
-        raise ValueError(f"queued batch does not parse at entry {i}") from None
-    if i > n:
-        raise ValueError(f"queued batch ends inside an event ({n} entries, next event at {i})")
-    return starts
-
-
-def plain_queued(queued: list[Any]) -> list[Any]:
-    """A queued batch with builtin values only (what pack() does for a flat batch), for marshal."""
-    out: list[Any] = []
-    starts = queued_starts(queued)
-    for start, end in zip(starts, [*starts[1:], len(queued)], strict=True):
-        kind, mono = str(queued[start]), queued[start + 1]
-        if end - start == 3 and type(queued[start + 2]) is dict:
-            out += (kind, mono, _plain_fields(kind, queued[start + 2]))
-        else:
-            out += (kind, mono, *plain_positional(kind, tuple(queued[start + 2 : end])))
     return out
 
 
@@ -236,7 +278,11 @@ def column_array(pa: Any, name: str, values: list[Any], dtype: Any) -> tuple[Any
 
 def _positional_columns(kind: str, rows: tuple[Any, ...], seq_property: str) -> dict[str, Any]:
     """Column name -> values of one kind's positional tuples, transposed at once."""
-    cols = list(zip(*rows, strict=True))
+    return _layout_columns(kind, list(zip(*rows, strict=True)), seq_property)
+
+
+def _layout_columns(kind: str, cols: list[Any], seq_property: str) -> dict[str, Any]:
+    """Column name -> values, from one kind's values by layout position (`cols[j]`: every event's j-th value)."""
     out: dict[str, Any] = {}
     for name, values in zip(LAYOUTS[kind], cols, strict=True):
         if name:
@@ -254,13 +300,22 @@ def _publisher_seqs(users: tuple[Any, ...], name: str) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    try:  # the first property called `name` (reversed: the first one wins in the dict), parsed by Arrow
-        texts = pa.array([dict(reversed(u)).get(name) if u else None for u in users], pa.string())
+    try:  # the first property called `name` (mostly the first property), parsed by Arrow
+        texts = pa.array([(u[0][1] if u[0][0] == name else _first_named(u, name)) if u else None for u in users],
+                         pa.string())
         if pc.all(pc.match_substring_regex(texts, "^-?[0-9]{1,19}$")).as_py() is not False:  # plain decimal only
             return pc.cast(texts, pa.int64())  # out of range raises: one by one below
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, IndexError):
         pass
     return [publisher_seq(u, name) if u else None for u in users]  # an odd value somewhere: one by one, exactly
+
+
+def _first_named(user_properties: Any, name: str) -> Any:
+    """The value of the first user property called `name`, or None."""
+    for key, value in user_properties:
+        if key == name:
+            return value
+    return None
 
 
 def _dict_columns(kinds: Any, rows: Any, seq_property: str) -> tuple[dict[str, Any], int]:
@@ -300,7 +355,52 @@ def nullable_columns(pa: Any, kinds: list[str], rows: list[Any], seq_property: s
             cols, dropped = _dict_columns(by_kind[lo:hi], group, seq_property)
             bad += dropped
             pieces.append((hi - lo, cols))
+    columns, dropped = _joined_columns(pa, pieces)
+    if len(pieces) > 1 and columns:
+        back = pa.compute.sort_indices(pa.array(order, pa.int64()))
+        columns = dict(zip(columns, pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+                           .take(back).columns, strict=True))
+    return _in_schema_order(pa, columns, n), bad + dropped
+
+
+def lanes_columns(pa: Any, lanes: Lanes, seq_property: str) -> tuple[Any, Any, list[Any], int]:
+    """A lanes batch as Arrow arrays in emit order: (kind, mono ns, nullable columns in NULLABLE order, dropped).
+
+    Each hot lane is sliced into columns; keyword events take the per-event path. The lanes are joined and put in
+    emit order with one stable sort on mono.
+    """
+    counts = lane_counts(lanes)
+    pieces: list[tuple[int, dict[str, Any]]] = []
+    kinds: list[Any] = []
+    monos: list[list[Any]] = []
+    bad = 0
+    generic = lanes[0]
+    if generic:
+        generic_kinds = [str(kind) for kind in generic[0::3]]
+        cols, bad = _dict_columns(generic_kinds, generic[2::3], seq_property)
+        pieces.append((counts[0], cols))
+        kinds.append(pa.array(generic_kinds, pa.string()))
+        monos.append(generic[1::3])
+    for kind, lane, width, count in zip(LANE_KINDS, lanes[1:], LANE_WIDTHS[1:], counts[1:], strict=True):
+        if count:
+            pieces.append((count, _layout_columns(kind, [lane[j::width] for j in range(1, width)], seq_property)))
+            kinds.append(pa.repeat(pa.scalar(kind, pa.string()), count))
+            monos.append(lane[0::width])
+    columns, dropped = _joined_columns(pa, pieces)
+    arrays = _in_schema_order(pa, columns, sum(counts))
+    kind_array = pa.concat_arrays(kinds) if kinds else pa.array([], pa.string())
+    mono_array = pa.array(list(chain.from_iterable(monos)), pa.int64())
+    if len(pieces) > 1:
+        order = pa.compute.sort_indices(mono_array)  # a stable sort: equal clocks keep lane order
+        kind_array, mono_array = kind_array.take(order), mono_array.take(order)
+        arrays = [array if array.null_count == len(array) else array.take(order) for array in arrays]
+    return kind_array, mono_array, arrays, bad + dropped
+
+
+def _joined_columns(pa: Any, pieces: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, Any], int]:
+    """Each column present in some piece as one Arrow array over all pieces (null where a piece lacks it)."""
     columns: dict[str, Any] = {}
+    bad = 0
     for name in NULLABLE:
         if not any(name in cols for _, cols in pieces):
             continue
@@ -315,8 +415,9 @@ def nullable_columns(pa: Any, kinds: list[str], rows: list[Any], seq_property: s
                 bad += dropped
                 chunks.append(array)
         columns[name] = pa.concat_arrays(chunks) if len(chunks) > 1 else chunks[0]
-    if len(pieces) > 1 and columns:
-        back = pa.compute.sort_indices(pa.array(order, pa.int64()))
-        columns = dict(zip(columns, pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
-                           .take(back).columns, strict=True))
-    return [columns[name] if name in columns else pa.nulls(n, arrow_type(pa, name)) for name in NULLABLE], bad
+    return columns, bad
+
+
+def _in_schema_order(pa: Any, columns: dict[str, Any], n: int) -> list[Any]:
+    """Every nullable column in NULLABLE order, all-null where `columns` lacks it."""
+    return [columns[name] if name in columns else pa.nulls(n, arrow_type(pa, name)) for name in NULLABLE]

@@ -68,8 +68,8 @@ def main() -> int:
         while (frame := reader.read()) is not None:
             if frame[0] == b"B":
                 writer.write_packed(frame[1])
-            elif frame[0] == b"V":
-                writer.write_queued_packed(frame[1])
+            elif frame[0] == b"W":
+                writer.write_lanes_packed(frame[1])
         writer.close()
         return 0
 
@@ -97,8 +97,8 @@ def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
             writer.close()
             return 0
         kind, payload = frame
-        if kind == b"V":
-            writer.write_queued_packed(payload)
+        if kind == b"W":
+            writer.write_lanes_packed(payload)
         elif kind == b"B":
             writer.write_packed(payload)
         elif kind == b"L":

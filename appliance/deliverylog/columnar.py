@@ -6,7 +6,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .batch import NULLABLE, column_array, nullable_columns
+from .batch import NULLABLE, Lanes, column_array, lanes_columns, nullable_columns
 from .identity import Identity
 from .journal import Journal
 from .schema import FIELDS, SCHEMA_VERSION
@@ -97,7 +97,16 @@ class ParquetSegment:
         self._append(kinds, walls, monos, synced, nullable, None)
         return dropped
 
-    def _append(self, kinds: list[str], walls: Any, monos: Any, synced: bool | list[bool], nullable: list[Any],
+    def add_lanes(self, lanes: Lanes, offset: int, synced: bool, seq_property: str) -> int:
+        """Buffer a lanes batch (wall = mono + `offset`) column by column, in emit order; returns fields dropped."""
+        kinds, monos, nullable, dropped = lanes_columns(self._pa, lanes, seq_property)
+        if len(kinds):
+            pc = self._pa.compute
+            walls = pc.divide(pc.add(monos, offset), 1000)  # integer division: ns -> us
+            self._append(kinds, walls, pc.divide(monos, 1000), synced, nullable, None)
+        return dropped
+
+    def _append(self, kinds: Any, walls: Any, monos: Any, synced: bool | list[bool], nullable: list[Any],
                 event_ids: list[str] | None) -> None:
         """Buffer one chunk as an Arrow batch of the writer's columns and the nullable ones."""
         pa = self._pa
@@ -107,10 +116,13 @@ class ParquetSegment:
         else:
             counters = pa.array(range(self.next_counter, self.next_counter + n), pa.int64())
             ids = pa.compute.binary_join_element_wise(self.event_prefix, counters.cast(pa.string()), "")
-        try:
-            kind_array = pa.array(kinds, pa.string())
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            kind_array = pa.array([str(k) for k in kinds], pa.string())
+        if isinstance(kinds, pa.Array):
+            kind_array = kinds
+        else:
+            try:
+                kind_array = pa.array(kinds, pa.string())
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                kind_array = pa.array([str(k) for k in kinds], pa.string())
         self._batches.append(pa.RecordBatch.from_arrays([
             ids, walls, monos,
             pa.array(synced, pa.bool_()) if isinstance(synced, list) else pa.repeat(pa.scalar(synced), n),

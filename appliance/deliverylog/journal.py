@@ -2,8 +2,9 @@
 
 File: MAGIC, then frames `<u32 body length><u32 crc32 of body><body>`. The first body is the JSON header (the
 writer's identity and the segment's first event counter); every later body is `<i64 first counter><u8 flags>
-<u32 raw length>` followed by a flat batch [kind, wall ns, mono ns, fields, ...] (with flag VARLEN: a tuple (clock
-offset, stepped, queued batch), batch.fixed_flat) marshalled and, when flag LZ4 is set, LZ4-compressed. A frame is
+<u32 raw length>` followed by a flat batch [kind, wall ns, mono ns, fields, ...] (with flag LANES: a tuple (clock
+offset, stepped, lanes batch), batch.lanes_flat; flag VARLEN, written by earlier versions: (clock offset, stepped,
+queued batch), batch.fixed_flat) marshalled and, when flag LZ4 is set, LZ4-compressed. A frame is
 good when it is whole, its checksum matches and its counter follows the previous frame's events; reading stops at the
 first frame that is not.
 """
@@ -18,14 +19,15 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .batch import fixed_flat
+from .batch import fixed_flat, lanes_flat
 
 MAGIC = b"DLJ1\n"
 _FRAME = struct.Struct("<II")
 _BATCH = struct.Struct("<qBI")
 SYNCED = 1  # flag: the clock was synchronised across the span the batch was emitted in
 LZ4 = 2  # flag: the marshal bytes are LZ4-compressed
-VARLEN = 4  # flag: the batch is (clock offset, stepped, queued batch) as DeliveryLog drains it (batch.fixed_flat)
+VARLEN = 4  # flag: the batch is (clock offset, stepped, queued batch) (batch.fixed_flat; earlier versions' drain)
+LANES = 8  # flag: the batch is (clock offset, stepped, lanes batch) as DeliveryLog drains it (batch.lanes_flat)
 MAX_BODY = 1 << 30
 
 
@@ -49,9 +51,9 @@ def header(identity: dict[str, Any], first_counter: int) -> bytes:
     return MAGIC + frame(json.dumps({"identity": identity, "first_counter": first_counter}).encode())
 
 
-def batch_frame(first_counter: int, synced: bool, packed: bytes, varlen: bool = False) -> bytes:
-    """One frame holding a marshalled flat (or with `varlen`, queued) batch whose first event is `first_counter`."""
-    flags = (SYNCED if synced else 0) | (VARLEN if varlen else 0)
+def batch_frame(first_counter: int, synced: bool, packed: bytes, layout: int = 0) -> bytes:
+    """One frame holding a marshalled flat batch (or the `layout` flag's form) whose first event is `first_counter`."""
+    flags = (SYNCED if synced else 0) | layout
     data = packed
     codec = _lz4()
     if codec is not None:
@@ -120,7 +122,10 @@ def _decode_batch(body: bytes) -> tuple[int, bool, list[Any]] | None:
                 return None
             data = codec.decompress(data, decompressed_size=raw_len, asbytes=True)
         flat = marshal.loads(data)
-        if flags & VARLEN:
+        if flags & LANES:
+            offset, _, lanes = flat
+            flat = lanes_flat(lanes, offset)
+        elif flags & VARLEN:
             offset, _, queued = flat
             flat = fixed_flat(queued, offset)
     except (ValueError, EOFError, TypeError, OSError):  # pyarrow's errors on a bad LZ4 block are OSError

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .batch import QUEUED_MIN, queued_starts
+from .batch import LANE_KINDS, Lanes, keep_newest, lane_counts
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .positional import LAYOUTS
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
@@ -44,8 +44,8 @@ def _message_tuple(msg: Any) -> tuple[Any, ...]:
 class DeliveryLog:
     """An EventSink writing schema-v1 delivery-log segments for one node (or one client, source="client").
 
-    emit() only timestamps and appends to a list (the hot events' values inline, see batch.py); a thread drains it
-    every `flush_interval_s` into the writer, a child process unless process=False.
+    emit() only timestamps and appends to a list (a lane: one per hot kind, their values inline, see batch.py); a
+    thread drains the lanes every `flush_interval_s` into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
     Closed segments are Parquet (`format="parquet"`, the open one journaled as checksummed binary batches) or gzip
@@ -94,8 +94,9 @@ class DeliveryLog:
             self._writer = WriterProcess(directory, identity, limits, clock_synced, seq_property)
         else:
             self._writer = SegmentWriter(directory, identity, limits, probe, seq_property)
-        self._queue: list[Any] = []  # emitters extend it at the end, only the writer thread takes from the front
-        self._extend = self._queue.extend
+        # emitters extend a lane at the end, only the writer thread takes from the front; lane 0: keyword events
+        self._lanes: Lanes = [[] for _ in range(1 + len(LANE_KINDS))]
+        self._queue_to_lanes()
         self._interval = flush_interval_s
         self._max_backlog = max_backlog
         self._wake = threading.Event()
@@ -128,30 +129,40 @@ class DeliveryLog:
                 fields["msg_id"] = message.msg_id
         self._extend((kind, _mono_ns(), fields))
 
-    # -- the hot events: positional, their values inline in the queue (batch.VALUES), no tuple or dict per event -----
+    # -- the hot events: positional, their values inline in their kind's lane (batch.LANE_KINDS), no tuple or dict --
 
     def received(self, message: Any, publisher_packet_id: int | None) -> None:
         """A message accepted from a publisher (its first event: every message field)."""
         props = message.properties
-        self._extend(("received", _mono_ns(), message.msg_id, message.publisher, message.topic,
-                      message.qos, message.retain, len(message.payload),
-                      props.user_properties or None if props is not None else None, publisher_packet_id))
+        self._received((_mono_ns(), message.msg_id, message.publisher, message.topic, message.qos, message.retain,
+                        len(message.payload), props.user_properties or None if props is not None else None,
+                        publisher_packet_id))
 
     def committed(self, message: Any) -> None:
         """The message is on disk here."""
-        self._extend(("committed", _mono_ns(), message.msg_id))
+        self._committed((_mono_ns(), message.msg_id))
 
     def routed(self, message: Any, subscriber: str, topic_filter: str, qos: int) -> None:
         """The message matched one subscriber's filter."""
-        self._extend(("routed", _mono_ns(), message.msg_id, subscriber, topic_filter, qos))
+        self._routed((_mono_ns(), message.msg_id, subscriber, topic_filter, qos))
 
     def delivered(self, message: Any, subscriber: str, qos: int, dup: bool, attempt: int) -> None:
         """A PUBLISH of the message went to the subscriber."""
-        self._extend(("delivered", _mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
+        self._delivered((_mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
 
     def acked(self, message: Any, subscriber: str, qos: int) -> None:
         """The subscriber acknowledged the message (PUBACK / PUBCOMP)."""
-        self._extend(("acked", _mono_ns(), message.msg_id, subscriber, qos))
+        self._acked((_mono_ns(), message.msg_id, subscriber, qos))
+
+    def _queue_to_lanes(self) -> None:
+        """Point every emitter at its lane's extend."""
+        extends = [lane.extend for lane in self._lanes]
+        self._extend, self._received, self._committed, self._routed, self._delivered, self._acked = extends
+
+    def _stop_queueing(self) -> None:
+        """Point every emitter at _discard (after close() or a writer failure)."""
+        self._extend = self._received = self._committed = self._discard
+        self._routed = self._delivered = self._acked = self._discard
 
     @staticmethod
     def _checked(kind: str, method: Callable[..., None]) -> Callable[..., None]:
@@ -185,8 +196,8 @@ class DeliveryLog:
 
     # -- writer thread -----------------------------------------------------------------------------------------
 
-    def _drain(self) -> tuple[list[Any], int, bool]:
-        """Take every queued event, oldest first: (queued batch, wall-minus-monotonic offset, clock stepped).
+    def _drain(self) -> tuple[Lanes, int, bool]:
+        """Take every queued event, oldest first: (lanes batch, wall-minus-monotonic offset, clock stepped).
 
         Events carry CLOCK_MONOTONIC only (one clock read each); their wall time is mono + the offset read here.
         Linux moves the wall clock against the monotonic one only by a step (NTP slews both alike), so while the
@@ -194,26 +205,23 @@ class DeliveryLog:
         at each event's instant. When it differs (a step, or a read disturbed by more than STEP_NS) the batch is
         marked `stepped`: its records say clock_synced=false.
 
-        Two C calls, a copy of the front and its deletion: emit() extends the queue by a whole event atomically under
-        the GIL and only at the end, so the front ends on an event boundary and nothing is lost or taken twice.
-        Beyond `max_backlog` events the oldest are dropped and recorded (counting needs a walk: an event is at least
-        QUEUED_MIN entries, so a shorter queue never walks).
+        Two C calls per lane, a copy of the front and its deletion: an emitter extends a lane by a whole event
+        atomically under the GIL and only at the end, so each front ends on an event boundary and nothing is lost
+        or taken twice. Beyond `max_backlog` events the oldest are dropped and recorded.
         """
-        queue = self._queue
         before = _clock_offset()
-        n = len(queue)
-        flat = queue[:n]
-        del queue[:n]
+        lanes: Lanes = []
+        for lane in self._lanes:
+            n = len(lane)
+            lanes.append(lane[:n])
+            del lane[:n]
         offset = _clock_offset()
         stepped = abs(offset - self._offset_before) > STEP_NS
         self._offset_before = before
-        if n > self._max_backlog * QUEUED_MIN:
-            starts = queued_starts(flat)
-            if len(starts) > self._max_backlog:
-                lost = len(starts) - self._max_backlog
-                self._writer.record_loss("backlog", lost)
-                del flat[: starts[lost]]
-        return flat, offset, stepped
+        lanes, lost = keep_newest(lanes, self._max_backlog)
+        if lost:
+            self._writer.record_loss("backlog", lost)
+        return lanes, offset, stepped
 
     def _run(self) -> None:
         """Write batches until closed; on a writer failure keep the error for flush/close and stop queueing."""
@@ -226,12 +234,12 @@ class DeliveryLog:
                     target = self._requested
                     closing = self._closing
                     rotate, self._rotate_wanted = self._rotate_wanted, False
-                writer.write_queued(*self._drain())
+                writer.write_lanes(*self._drain())
                 writer.tick()
                 if rotate:
                     writer.rotate()
                 if closing:
-                    writer.write_queued(*self._drain())
+                    writer.write_lanes(*self._drain())
                     writer.close()
                 elif target > self._completed:
                     writer.sync()
@@ -241,8 +249,9 @@ class DeliveryLog:
                 if closing:
                     return
         except BaseException as exc:  # the error is re-raised to whoever flushes or closes next
-            self._extend = self._discard
-            self._queue.clear()
+            self._stop_queueing()
+            for lane in self._lanes:
+                lane.clear()
             with self._done:
                 self._error = exc
                 self._completed = 1 << 62
@@ -284,7 +293,7 @@ class DeliveryLog:
             self._closing = True
         self._request(timeout)
         self._thread.join(timeout)
-        self._extend = self._discard  # late emits (a racing callback) are counted, never queued forever
+        self._stop_queueing()  # late emits (a racing callback) are counted, never queued forever
 
     def stats(self) -> WriterStats:
         """The writer's counters (events, bytes, segments, evictions, losses, recovered parts)."""
@@ -293,7 +302,7 @@ class DeliveryLog:
     @property
     def backlog(self) -> int:
         """Events emitted but not yet handed to the writer."""
-        return len(queued_starts(list(self._queue)))
+        return sum(lane_counts([list(lane) for lane in self._lanes]))
 
     def __enter__(self) -> DeliveryLog:
         return self

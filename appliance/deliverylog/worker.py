@@ -1,7 +1,7 @@
 """The segment writer in a child process: the broker only marshals batches down a pipe, no GIL shared with JSON/gzip.
 
 Frames on the pipes are `<type byte><u32 length><payload>`. Parent -> child: S(etup JSON),
-B(atch: marshal of a flat [kind, wall, mono, fields, ...] list), V (marshal of (clock offset, stepped, queued batch)),
+B(atch: marshal of a flat [kind, wall, mono, fields, ...] list), W (marshal of (clock offset, stepped, lanes batch)),
 L(oss JSON), F(lush), R(otate), C(lose).
 Child -> parent: A(ck, stats JSON) or E(rror text). The child ignores SIGTERM/SIGINT and exits on EOF after closing
 its segment, so a killed or stopping broker loses nothing it sent.
@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from .batch import ITEM_LEN, Item, items_of, pack, plain_queued, queued_starts
+from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, plain_lanes
 from .identity import Identity
 from .writer import DeliveryLogError, Limits, WriterStats
 
@@ -124,8 +124,8 @@ class WriterProcess:
             self._spawn()  # recovers the open segment the dead child left
             if kind == b"B":
                 self.record_loss("writer_restart", len(marshal.loads(payload)) // ITEM_LEN)
-            elif kind == b"V":
-                self.record_loss("writer_restart", len(queued_starts(marshal.loads(payload)[2])))
+            elif kind == b"W":
+                self.record_loss("writer_restart", sum(lane_counts(marshal.loads(payload)[2])))
 
     def write(self, items: list[Item]) -> None:
         """Hand a batch to the child."""
@@ -136,15 +136,15 @@ class WriterProcess:
         if flat:
             self._call(b"B", pack(flat))
 
-    def write_queued(self, queued: list[Any], offset: int, stepped: bool) -> None:
-        """Hand a queued batch (DeliveryLog's queue) and its clock offset to the child: one marshal, one pipe write."""
-        if not queued:
+    def write_lanes(self, lanes: Lanes, offset: int, stepped: bool) -> None:
+        """Hand a lanes batch (DeliveryLog's drain) and its clock offset to the child: one marshal, one pipe write."""
+        if not any(lanes):
             return
         try:
-            payload = marshal.dumps((offset, stepped, queued), 4)
+            payload = marshal.dumps((offset, stepped, lanes), 4)
         except ValueError:  # a non-builtin value somewhere: the slow path makes every value plain
-            payload = marshal.dumps((offset, stepped, plain_queued(queued)), 4)
-        self._call(b"V", payload)
+            payload = marshal.dumps((offset, stepped, plain_lanes(lanes)), 4)
+        self._call(b"W", payload)
 
     def record_loss(self, reason: str, events: int) -> None:
         """Have the child record a log_evicted for events lost before reaching it."""

@@ -22,10 +22,22 @@ from dataclasses import asdict, dataclass, field
 from itertools import chain
 from typing import Any
 
-from .batch import FULL_MESSAGE_KINDS, ITEM_LEN, Item, event_fields, fixed_flat, items_of, message_tuple, pack
+from .batch import (
+    FULL_MESSAGE_KINDS,
+    ITEM_LEN,
+    Item,
+    Lanes,
+    event_fields,
+    items_of,
+    lane_counts,
+    lanes_flat,
+    message_tuple,
+    pack,
+    plain_lanes,
+)
 from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
-from .journal import batch_frame, header
+from .journal import LANES, batch_frame, header
 from .schema import KINDS, SCHEMA_VERSION
 from .segments import (
     FORMATS,
@@ -104,9 +116,18 @@ class _Open:
     last_flush: float = 0.0
     columns: ParquetSegment | None = None  # Parquet format: the closed file being built
     columns_size: int = 0  # bytes of its temporary file
-    unbuilt: list[list[Any]] = field(default_factory=list)  # journaled flat batches whose columns are not built yet
+    unbuilt: list[Any] = field(default_factory=list)  # journaled flat batches / _Lanes whose columns are not built
+
     unbuilt_events: int = 0
     unbuilt_synced: bool = True  # their clock-sync flag (a change of flag builds the earlier ones first)
+
+
+@dataclass(slots=True)
+class _Lanes:
+    """A journaled lanes batch waiting for its columns."""
+
+    lanes: Lanes
+    offset: int
 
 
 @dataclass(slots=True)
@@ -267,22 +288,26 @@ class SegmentWriter:
         else:
             self.write(items_of(flat))
 
-    def write_queued(self, queued: list[Any], offset: int, stepped: bool) -> None:
-        """write() for a queued batch (DeliveryLog's queue, batch.fixed_flat) and its clock offset and step flag."""
-        flat = fixed_flat(queued, offset)
+    def write_lanes(self, lanes: Lanes, offset: int, stepped: bool) -> None:
+        """write() for a lanes batch (DeliveryLog's drain, batch.lanes_flat) and its clock offset and step flag."""
         if self._binary:
-            self._write_batch(flat, None, stepped=stepped)
+            try:
+                packed = marshal.dumps((offset, stepped, lanes), 4)
+            except ValueError:  # non-builtin values (thread mode): columns from what the journal holds
+                lanes = plain_lanes(lanes)
+                packed = marshal.dumps((offset, stepped, lanes), 4)
+            self._write_batch(lanes, packed, stepped=stepped, offset=offset)
         else:
-            self.write(items_of(flat), stepped)
+            self.write(items_of(lanes_flat(lanes, offset)), stepped)
 
-    def write_queued_packed(self, packed: bytes) -> None:
-        """write() for a marshalled (offset, stepped, queued batch) (in Parquet format journaled as is, VARLEN)."""
-        offset, stepped, queued = marshal.loads(packed)
-        flat = fixed_flat(queued, offset)
+    def write_lanes_packed(self, packed: bytes) -> None:
+        """write() for a marshalled (offset, stepped, lanes batch) (in Parquet format journaled as it is, LANES)."""
+        offset, stepped, lanes = marshal.loads(packed)
         if self._binary:
-            self._write_batch(flat, packed, varlen=True, stepped=stepped)
+            lane_counts(lanes)  # a batch that does not parse fails here, before the journal holds it
+            self._write_batch(lanes, packed, stepped=stepped, offset=offset)
         else:
-            self.write(items_of(flat), stepped)
+            self.write(items_of(lanes_flat(lanes, offset)), stepped)
 
     def record_loss(self, reason: str, events: int) -> None:
         """Queue a log_evicted record for `events` events lost before reaching the writer."""
@@ -290,34 +315,42 @@ class SegmentWriter:
         fields = {"reason": f"{reason} events={events}"}
         self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), fields))
 
-    def _write_batch(self, flat: list[Any], packed: bytes | None, varlen: bool = False, stepped: bool = False) -> None:
-        """Parquet format: journal pending loss records and then `flat` as binary frames, buffering their columns.
+    def _write_batch(self, batch: list[Any], packed: bytes | None, stepped: bool = False,
+                     offset: int | None = None) -> None:
+        """Parquet format: journal pending loss records and then `batch` as binary frames, buffering their columns.
 
-        `packed` is `flat` marshalled, or with `varlen` the (offset, stepped, queued batch) it was made from.
+        `batch` is a flat batch and `packed` None or its marshal; or, with an `offset`, a lanes batch and `packed`
+        the (offset, stepped, lanes) it came as.
         """
         synced, synced_now = self._synced()
         if self._pending:
             pending, self._pending = self._pending, []
             self._write_frame([entry for item in pending for entry in item], None, synced_now)
-        if flat:
-            self._write_frame(flat, packed, synced and not stepped, varlen)
+        if batch:
+            self._write_frame(batch, packed, synced and not stepped, offset)
 
-    def _write_frame(self, flat: list[Any], packed: bytes | None, synced: bool, varlen: bool = False) -> None:
+    def _write_frame(self, batch: list[Any], packed: bytes | None, synced: bool, offset: int | None = None) -> None:
         """Append one batch to the binary journal (one frame) and to the segment's Parquet columns."""
-        if packed is None:
-            varlen = False
-            try:
-                packed = marshal.dumps(flat, 4)
-            except ValueError:  # non-builtin values (thread mode): columns from what the journal holds
-                packed = pack(flat)
-                flat = marshal.loads(packed)
-        n = len(flat) // ITEM_LEN
+        unbuilt: list[Any] | _Lanes
+        if offset is not None:
+            assert packed is not None
+            n, layout, unbuilt = sum(lane_counts(batch)), LANES, _Lanes(batch, offset)
+        else:
+            if packed is None:
+                try:
+                    packed = marshal.dumps(batch, 4)
+                except ValueError:  # non-builtin values (thread mode): columns from what the journal holds
+                    packed = pack(batch)
+                    batch = marshal.loads(packed)
+            n, layout, unbuilt = len(batch) // ITEM_LEN, 0, batch
+        if not n:
+            return
         seg = self._segment
         try:
             if seg is None:
                 seg = self._segment = self._open()
             self._reserve(self._counter + n, self._seq)
-            data = batch_frame(self._counter, synced, packed, varlen)
+            data = batch_frame(self._counter, synced, packed, layout)
             write_all(seg.fd, data)
         except OSError as exc:
             self._fail(seg, exc, n)
@@ -325,7 +358,7 @@ class SegmentWriter:
         if seg.columns is not None:
             if seg.unbuilt and synced != seg.unbuilt_synced:
                 self._build_columns(seg)
-            seg.unbuilt.append(flat)
+            seg.unbuilt.append(unbuilt)
             seg.unbuilt_events += n
             seg.unbuilt_synced = synced
             if seg.unbuilt_events >= COLUMN_EVENTS:
@@ -337,9 +370,19 @@ class SegmentWriter:
         if seg.columns is None or not seg.unbuilt:
             return
         batches, seg.unbuilt, seg.unbuilt_events = seg.unbuilt, [], 0
-        flat = batches[0] if len(batches) == 1 else list(chain.from_iterable(batches))
+        columns, synced, seq_property = seg.columns, seg.unbuilt_synced, self.seq_property
         try:
-            self.stats.bad_fields += seg.columns.add_flat(flat, seg.unbuilt_synced, self.seq_property)
+            flats: list[list[Any]] = []  # consecutive flat batches go in one call
+            for batch in [*batches, None]:
+                if type(batch) is list:
+                    flats.append(batch)
+                    continue
+                if flats:
+                    flat = flats[0] if len(flats) == 1 else list(chain.from_iterable(flats))
+                    self.stats.bad_fields += columns.add_flat(flat, synced, seq_property)
+                    flats = []
+                if isinstance(batch, _Lanes):
+                    self.stats.bad_fields += columns.add_lanes(batch.lanes, batch.offset, synced, seq_property)
             while seg.columns.buffered >= ROW_GROUP_EVENTS:
                 seg.columns.flush_row_group()
             seg.columns_size = seg.columns.tmp_size()

@@ -9,7 +9,7 @@ import pytest
 
 from appliance.deliverylog import read_segment, read_segments
 from appliance.deliverylog.identity import Identity
-from appliance.deliverylog.journal import MAGIC, read_journal
+from appliance.deliverylog.journal import MAGIC, VARLEN, batch_frame, header, read_journal
 from appliance.deliverylog.segments import PART, closed_segments
 from appliance.deliverylog.writer import Limits, SegmentWriter
 
@@ -24,7 +24,7 @@ def _writer(directory, fmt="parquet"):
 
 
 def _journal(tmp_path, frames=4):
-    """A writer left open after `frames` batches (odd ones queued batches, flagged VARLEN).
+    """A writer left open after `frames` batches (odd ones lanes batches as DeliveryLog drains them, flagged LANES).
 
     Returns (part path, byte offset after each frame, msg ids, writer).
     """
@@ -32,23 +32,38 @@ def _journal(tmp_path, frames=4):
     ends, ids = [], []
     now, mono = time.time_ns(), time.monotonic_ns()
     for f in range(frames):
-        queued = f % 2 == 1  # every other frame as DeliveryLog queues it: values inline, journaled flagged VARLEN
-        batch = []
+        lanes = f % 2 == 1  # every other frame as DeliveryLog drains it: one lane per kind, values inline
+        flat, received, routed = [], [], []
         for i in range(BATCH):
             msg_id = f"m{f}-{i}"
             values = (msg_id, f"s{i % 3}", "a/#", 1)
-            batch += ["routed", mono, *values] if queued else ["routed", now, mono, values]
+            mono += 1000
+            routed += [mono, *values]
+            flat += ["routed", now, mono, values]
             ids.append(msg_id)
         values = (f"r{f}", "pub", "a/b", 1, False, 5, [("seq", str(f))], 7)
-        batch += ["received", mono, *values] if queued else ["received", now, mono, values]
+        mono += 1000
+        received += [mono, *values]
+        flat += ["received", now, mono, values]
         ids.append(f"r{f}")
-        if queued:
-            writer.write_queued_packed(marshal.dumps((now - mono, False, batch), 4))
+        if lanes:  # the lanes hold the kinds apart; emit order comes back from the clock
+            writer.write_lanes_packed(marshal.dumps((now - mono, False, [[], received, [], routed, [], []]), 4))
         else:
-            writer.write_flat(batch)
+            writer.write_flat(flat)
         (part,) = [n for n in os.listdir(tmp_path / "src") if n.endswith(PART)]
         ends.append(os.path.getsize(tmp_path / "src" / part))
     return tmp_path / "src" / part, ends, ids, writer
+
+
+def test_a_journal_of_an_earlier_version_with_queued_batches_still_reads():
+    """Frames flagged VARLEN (one interleaved queued batch, as versions before the lanes drained) decode in order."""
+    queued = ["routed", 2000, "m1", "s", "a/#", 1, "node_start", 3000, {}, "committed", 4000, "m1"]
+    data = header({"node": "n1"}, 5) + batch_frame(5, True, marshal.dumps((10**18, False, queued), 4), VARLEN)
+    journal = read_journal(data)
+    assert journal.complete and journal.events == 3
+    assert journal.batches[0].flat == ["routed", 10**18 + 2000, 2000, ("m1", "s", "a/#", 1),
+                                       "node_start", 10**18 + 3000, 3000, {},
+                                       "committed", 10**18 + 4000, 4000, ("m1",)]
 
 
 def _crashed(tmp_path, part, data):

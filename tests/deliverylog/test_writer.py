@@ -167,7 +167,7 @@ def test_backlog_overflow_counts_positional_events_exactly(make_log, tmp_path):
     from appliance.broker.model import Message
 
     log = make_log(max_backlog=10, flush_interval_s=30.0)
-    for i in range(30):  # queued entries per event: 3 (keyword), 3 (committed), 5 (acked), 10 (received)
+    for i in range(30):  # a keyword event and three hot kinds, each in its lane
         m = Message(f"m{i}", "t/x", b"abc", 1, False, "pub", 0.0)
         (log.emit("dropped", msg_id=m.msg_id, reason="queue_full") if i % 4 == 0 else log.committed(m) if i % 4 == 1
          else log.acked(m, "sub", 1) if i % 4 == 2 else log.received(m, i))
@@ -180,18 +180,27 @@ def test_backlog_overflow_counts_positional_events_exactly(make_log, tmp_path):
     assert [r["kind"] for r in records[1:5]] == ["dropped", "committed", "acked", "received"]
 
 
-def test_queued_batches_parse_or_fail_loudly():
-    from appliance.deliverylog.batch import fixed_flat, queued_starts
+def test_lanes_batches_parse_into_emit_order_or_fail_loudly():
+    from appliance.deliverylog.batch import fixed_flat, keep_newest, lane_counts, lanes_flat
 
-    queued = ["committed", 2, "m1", "node_start", 4, {}, "routed", 6, "m1", "s", "f/#", 1]
-    assert queued_starts(queued) == [0, 3, 6] and queued_starts(queued, limit=2) == [0, 3]
+    # lanes: keyword events, received, committed, routed, delivered, acked
+    lanes = [["node_start", 4, {}], [], [2, "m1"], [6, "m1", "s", "f/#", 1], [], [4, "m1", "s", 1]]
+    assert lane_counts(lanes) == [1, 0, 1, 1, 0, 1]
+    # by clock; equal clocks (node_start and acked at 4) keep lane order: keyword events first
+    assert lanes_flat(lanes, 100) == ["committed", 102, 2, ("m1",), "node_start", 104, 4, {}, "acked", 104, 4,
+                                      ("m1", "s", 1), "routed", 106, 6, ("m1", "s", "f/#", 1)]
+    kept, dropped = keep_newest(lanes, 2)
+    assert dropped == 1 and lanes_flat(kept, 0)[0::4] == ["node_start", "acked", "routed"]  # a tie at the cut stays
+    assert keep_newest(lanes, 4) == (lanes, 0)
+    for bad in ([[], [], [2], [], [], []], lanes[:5], [[], [], [], ["x", "m1", "s", "f/#"], [], []]):
+        with pytest.raises(ValueError):
+            lanes_flat(bad, 0)
+    queued = ["committed", 2, "m1", "node_start", 4, {}, "routed", 6, "m1", "s", "f/#", 1]  # earlier versions' form
     assert fixed_flat(queued, 100) == ["committed", 102, 2, ("m1",), "node_start", 104, 4, {}, "routed", 106, 6,
                                        ("m1", "s", "f/#", 1)]
     for bad in (queued[:-1], queued[:2], ["no_such_kind", 1, "m1"]):
         with pytest.raises(ValueError):
             fixed_flat(bad, 0)
-        with pytest.raises(ValueError):
-            queued_starts(bad)
 
 
 def test_a_wall_clock_step_marks_the_batch_it_falls_in_unsynchronised(make_log, tmp_path, monkeypatch):
@@ -337,7 +346,7 @@ def test_queued_events_keep_no_broker_object_alive(make_log, tmp_path):
     log.emit("received", message=message, publisher_packet_id=9)
     log.emit("delivered", message=message, subscriber="s", qos=1, attempt=1, dup=False)
     assert log.backlog == 2
-    queued = list(log._queue)
+    queued = list(log._lanes[0])  # keyword events: kind, mono, fields
     assert not [r for r in gc.get_referents(*queued) if r is message or r is props or r is props.user_properties]
     tracked = [entry for entry in queued if gc.is_tracked(entry)]  # only the received event's fields hold a container
     assert tracked == [queued[2]] and isinstance(queued[2]["message"], tuple)
