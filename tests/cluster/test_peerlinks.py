@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -191,6 +192,69 @@ async def test_restarted_peer_replaces_its_stale_link() -> None:
             await b2.until(lambda: b2.links.is_up("a"), "link from restarted b")
             await a.until(lambda: a.down, "stale link replaced")
             assert a.links._peers["b"].link.core.peer_incarnation == 2
+
+
+class FrozenNode:
+    """A PeerLinks on its own thread's event loop, so that loop can be stopped (like SIGSTOP) while ours runs."""
+
+    def __init__(self, node_id: str) -> None:
+        self.messages: list[wire.ClusterMessage] = []
+        self.down: list[str] = []
+        self.frozen = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.links = self.call(self._start(node_id))
+
+    async def _start(self, node_id: str) -> PeerLinks:
+        links = PeerLinks(node_id, "lab", SECRET, host="127.0.0.1", on_up=lambda _p: None,
+                          on_down=lambda _p, reason: self.down.append(reason),
+                          on_message=lambda _p, m: self.messages.append(m), heartbeat_interval=0.1, timeout=0.6,
+                          backoff_initial=0.05, backoff_max=0.3)
+        await links.async_start()
+        return links
+
+    def call(self, coro):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
+
+    def freeze(self, seconds: float) -> None:
+        """Stop this node's loop for `seconds` (nothing is read, sent or timed meanwhile)."""
+        def stop() -> None:
+            self.frozen.set()
+            time.sleep(seconds)
+            self.frozen.clear()
+        self.loop.call_soon_threadsafe(stop)
+
+    def close(self) -> None:
+        self.call(self.links.async_stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        self.loop.close()
+
+
+async def test_what_a_stopped_node_reads_on_a_link_its_peer_gave_up_is_not_handled() -> None:
+    """Chaos seeds 30657 and 30675: an owner SIGSTOPped longer than failure_timeout read, once continued, a takeover
+    question its asker had sent on the link it then dropped (it refused its client, which resumed elsewhere), and
+    let the session go to that asker: a second live copy of the session (reordered / QoS2 twice). Bytes read after
+    the link expired are the peer's last words on a link it has given up: not handled, the link closes; what matters
+    is resent on the next one."""
+    a, b = FrozenNode("a"), Node("b")
+    try:
+        async with running(b):
+            b.links.async_add_peer("a", "127.0.0.1", a.links.port)
+            await b.until(lambda: b.links.is_up("a"), "link b->a")
+            await b.until(lambda: a.links.is_up("b"), "link a->b")
+            a.freeze(1.5)  # 2.5 x the timeout
+            await b.until(a.frozen.is_set, "a stopped")
+            assert b.links.async_send("a", wire.ForwardAck(99))  # the question, sent just before b gives up
+            await b.until(lambda: b.down, "b drops the silent link")
+            await b.until(lambda: not a.frozen.is_set() and a.down, "a continued and saw the link end")
+            await b.until(lambda: len(b.up) == 2 and a.links.is_up("b"), "a new link")
+            assert b.links.async_send("a", wire.ForwardAck(100))
+            await b.until(lambda: wire.ForwardAck(100) in a.messages, "a message on the new link")
+            assert wire.ForwardAck(99) not in a.messages
+    finally:
+        a.close()
 
 
 def test_watchdog_catches_a_blocking_callback() -> None:
