@@ -371,9 +371,8 @@ class Broker:
         props = packet.properties
         now = self.clock()
         expiry = props.message_expiry_interval
-        self._msg_counter += 1  # new_message_id(), inlined
         message = Message(
-            f"{self._msg_prefix}{self._msg_counter}", topic, packet.payload, qos, packet.retain, record.client_id, now,
+            self.new_message_id(), topic, packet.payload, qos, packet.retain, record.client_id, now,
             now + expiry if expiry is not None else None,
             props if props is NO_PROPERTIES else publication_properties(props),
         )

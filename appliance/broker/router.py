@@ -190,7 +190,7 @@ class Router:
                 if events is not None:
                     events.emit("dropped", message=message, subscriber=session.client_id, reason="qos0_offline")
                 return False
-        if len(session.queue) + len(session.inflight) >= self.settings.max_queued_messages:  # queued_count()
+        if session.queued_count() >= self.settings.max_queued_messages:
             policy = self.settings.queue_full_policy
             if policy == "drop-oldest" and session.queue:
                 dropped = session.drop_oldest()
@@ -203,7 +203,7 @@ class Router:
                     events.emit("dropped", message=message, subscriber=session.client_id, reason="queue_full")
                 return False
         delivery = Delivery(session.next_seq(), message, qos, retain, sub_ids)
-        online = session.link is not None
+        online = session.online
         session.enqueue(delivery)
         if events is not None and not online:
             events.emit("queued_offline", message=message, subscriber=session.client_id, qos=qos)

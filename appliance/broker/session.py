@@ -120,11 +120,7 @@ class Session:
 
     def _send_now(self, link: ClientLink, delivery: Delivery) -> None:
         """enqueue + pump for a QoS1 delivery the window has room for: its queue row is written SENT at once."""
-        pid = self._next_packet_id
-        if pid in self.inflight:
-            pid = self._allocate_packet_id()
-        else:
-            self._next_packet_id = pid % 65535 + 1
+        pid = self._allocate_packet_id()
         delivery.packet_id = pid
         delivery.state = _SENT
         self.inflight[pid] = delivery

@@ -7,9 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.broker.model import DeliveryState, Message
-from appliance.protocol.packets import NO_PROPERTIES
 
-from .rows import MessageRow, message_row, properties_to_text
+from .rows import MessageRow, message_row
 
 # Operation kinds. An operation is a tuple (kind, params); CALLBACK carries (callback, args) instead of SQL params.
 SAVE_SESSION = 1
@@ -220,20 +219,7 @@ def _apply_queue_only(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, 
     if removals:
         remove_rows(conn, removals)
     if rows:
-        texts: dict[int, str | None] = {}  # properties JSON per Properties object (fan-out shares one message)
-        params = []
-        for p in rows.values():  # the queue row: client_id, seq, message_row(message) inlined, then the delivery's
-            m = p[2]
-            props = m.properties
-            if props is NO_PROPERTIES:
-                text = None
-            elif id(props) in texts:
-                text = texts[id(props)]
-            else:
-                text = texts[id(props)] = properties_to_text(props)
-            params.append((p[0], p[1], m.msg_id, m.topic, m.payload, m.qos, int(m.retain), m.publisher, m.created,
-                           m.expiry_at, text, p[3], p[4], p[5], p[6], p[7], p[8]))
-        conn.executemany(_SQL[ENQUEUE][0], params)
+        conn.executemany(_SQL[ENQUEUE][0], _params(ENQUEUE, list(rows.values()), {}))
     return len(removals) + len(rows), elided
 
 
