@@ -34,6 +34,7 @@ class Session:
 
     __slots__ = (
         "_next_packet_id",
+        "client_id",
         "clock",
         "connected_at",
         "connecting",
@@ -53,6 +54,7 @@ class Session:
         self, record: SessionRecord, store: Store | None, clock: Callable[[], float], events: EventSink | None = None
     ) -> None:
         self.record = record
+        self.client_id = record.client_id  # the record's, which never changes
         self.link: ClientLink | None = None
         self.queue: deque[Delivery] = deque()  # waiting, in seq order
         self.inflight: dict[int, Delivery] = {}  # packet id -> delivery, insertion order = send order
@@ -66,11 +68,6 @@ class Session:
         self.connecting: ClientLink | None = None  # accepted CONNECT whose CONNACK waits for a commit
         self.clock = clock
         self.events = events
-
-    @property
-    def client_id(self) -> str:
-        """The session's client identifier."""
-        return self.record.client_id
 
     @property
     def persistent(self) -> bool:
