@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from appliance.broker.handover import adopt_session
 from appliance.broker.model import Delivery, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import FRESH, MIGRATED, SessionClaim, encode_claim, encode_handover
 from appliance.cluster.replicated import ReplicatedSpace
-from appliance.cluster.wire import Forward, SessionState
+from appliance.cluster.wire import Forward, SessionState, SessionTakeover
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 
 SUBS = {"t/#": SubscriptionOptions(qos=1)}
@@ -98,3 +99,51 @@ async def test_a_forward_from_the_awaited_old_owner_is_not_sent_back_to_it(tmp_p
     finally:
         await old_owner.svc.async_stop()
         await stop_node(n2)
+
+
+async def test_what_the_old_owner_forwarded_after_its_lost_hand_over_reaches_the_session(tmp_path: Path) -> None:
+    """Chaos seed 30649 (6 acknowledged messages lost): node1, just back from an isolation, asked node2 for sub2;
+    node2 let sub2 go (0 queued) and wrote node1's claim, which node0 relayed to node1, while the hand-over died
+    with the node1-node2 link. node2 then forwarded pub0#40-42 / pub3#37-39 for sub2 to node1 (acknowledged when
+    the dead link dropped). When the link returned, node2 resent those forwards ahead of its hand-over: node1 (the
+    claim said "here", no session yet) routed them nowhere, then adopted the empty hand-over. Here na (old owner)
+    hands s to nb with m1 while they are not linked, the relay nc gives nb the claim, na forwards m2 for s; at
+    link-up s at nb must hold m1 then m2."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"))
+    nb = await start_node(tmp_path / "nb", "nb", ("na", "nc"))
+    relay = Peer("nc")
+    relay.svc.spaces["sessions"] = ReplicatedSpace("sessions", "nc")
+    wa, wb = wiring_of(na), wiring_of(nb)
+
+    async def relayed(owner: str) -> None:
+        """nc passes na's current claim of s on to nb (a digest exchange would, later)."""
+        await until(lambda: relay.svc.spaces["sessions"].value("s") == wa.svc.spaces["sessions"].value("s"),
+                    f"{owner}'s claim of s at nc")
+        value = relay.svc.spaces["sessions"].value("s")
+        assert value is not None
+        relay.svc.put("sessions", "s", value)
+        await until(lambda: "s" in wb.claims and wb.claims["s"].owner == owner, f"{owner}'s claim of s at nb")
+
+    try:
+        await relay.svc.async_start()
+        await link(wa.svc, relay.svc)
+        await link(wb.svc, relay.svc)
+        record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+        adopt_session(na.broker, record, [Delivery(1, _message("m1", 1), 1, False)], [])
+        wa.svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, FRESH, True, dict(SUBS))))
+        await relayed("na")
+
+        wa._on_session_message("nb", SessionTakeover(7, "s", "nb", False))  # nb's question; the answer is lost
+        assert "s" not in na.broker.sessions and wa.claims["s"].owner == "nb"
+        await relayed("nb")  # nb's claim reaches nb through nc, ahead of the hand-over
+        assert "s" not in nb.broker.sessions
+        wa.route_remote(_message("m2", 2), [])  # published on na: buffered for s's new owner
+
+        await link(wa.svc, wb.svc)
+        await until(lambda: "s" in nb.broker.sessions, "the hand-over adopted at nb")
+        await until(lambda: len(nb.broker.sessions["s"].queue) >= 2, "m2 in s at nb")
+        assert [d.message.msg_id for d in nb.broker.sessions["s"].queue] == ["m1", "m2"]
+    finally:
+        await relay.svc.async_stop()
+        await stop_node(na)
+        await stop_node(nb)
