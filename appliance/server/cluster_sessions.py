@@ -10,8 +10,9 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import adopt_session, release_session
-from appliance.broker.model import Delivery, Message
+from appliance.broker.model import Delivery, Message, SessionRecord
 from appliance.cluster.ownership import (
+    FRESH,
     FROM_REPLICA,
     MIGRATED,
     OP_DROP,
@@ -82,6 +83,7 @@ class SessionMigration:
     # SessionDone, which it sends once the session is durable there and on its replicas
     _handing: dict[str, tuple[str, bytes, bool]]
     _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
+    _stand_ins: dict[str, str]  # client id -> old owner whose hand-over had not come when the session started here
     _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
     _seen: dict[str, OrderedDict[str, None]]
     _rep_due: dict[str, int]  # peer -> last replica operation applied in this loop iteration
@@ -117,6 +119,10 @@ class SessionMigration:
 
     def _onward(self, message: Message, clients: list[str]) -> None:
         """Forward a message to the owners of clients not here (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _awaited(self, cid: str) -> str | None:
+        """The old owner whose hand-over of a session of ours has not come yet (ClusterWiring)."""
         raise NotImplementedError
 
 
@@ -215,8 +221,25 @@ class SessionMigration:
         if claim.owner == self.node_id:
             if not clean_start and claim.subscriptions and self._fenced():
                 return self._async_refuse(client_id)
+            old = self._awaited(client_id)
+            if old is not None and not clean_start:
+                return self._async_stand_in(client_id, old)
             return None
         return self._async_takeover(client_id, clean_start, claim)
+
+    async def _async_stand_in(self, cid: str, old: str) -> int:
+        """CONNECT for a session of ours whose claim came before its hand-over from `old` (_await_handover): asked
+        again, `old` resends it (adopted on arrival, in order). If it cannot (unreachable, or it no longer holds
+        one), the session starts here, fresh, and the hand-over joins it if it comes later (late, not lost; before,
+        it was taken for one already adopted here and its queue was dropped)."""
+        if self.svc.links.is_up(old):
+            answer = await self._async_ask(old, cid, False)
+            if answer is not None and answer[0] == FROM_OWNER:
+                return ReasonCode.SUCCESS  # adopted when the state arrived
+        if self._awaited(cid) == old:
+            self._stand_ins[cid] = old
+            self._origin[cid] = (FRESH, {}, {})  # it does not continue old's state (yet): a loser hands over all
+        return ReasonCode.SUCCESS
 
     def _fenced(self) -> bool:
         """On a minority side (allow_register = true): the majority may resume our subscribers' sessions, so we
@@ -484,7 +507,8 @@ class SessionMigration:
         broker = self.broker
         assert broker is not None
         epoch, record, queue, qos2, seen = decode_handover(data)
-        if self._adopted.get(cid) == epoch or self._have_since(cid, epoch):
+        stand_in = self._stand_ins.get(cid) in (peer, "") and cid in broker.sessions  # started here without it
+        if self._adopted.get(cid) == epoch or (self._have_since(cid, epoch) and not stand_in):
             return  # a resent hand-over we already have (adopted before a restart: the claim says so)
         if clean or record.expiry_interval == 0:
             return
@@ -501,7 +525,9 @@ class SessionMigration:
                      claim.owner, len(passed), len(queue))
             return
         if not waiting and cid in broker.sessions:
-            merged = [d for d in queue if claim is None or hands_over(claim, peer, d.seq)]
+            if stand_in:
+                del self._stand_ins[cid]
+            merged = [d for d in queue if stand_in or claim is None or hands_over(claim, peer, d.seq)]
             for delivery in merged:
                 self._onward(delivery.message, self._deliver_here(delivery.message, (cid,)))
             for msg_id in seen:
@@ -518,6 +544,33 @@ class SessionMigration:
         # Our forwards still buffered for the old owner join the session now, in order, before any newer local
         # publish (the old owner's acks for the rest follow this state on the link).
         self._retarget(cid, peer, self.node_id)
+
+    def _stand_in(self, cid: str, old: str) -> None:
+        """Start a persistent session of ours here from its claim although its hand-over from `old` ("": unknown,
+        after a restart) has not come: a message acknowledged for it must not be routed nowhere. If the hand-over
+        turns up after all, what it holds joins the session (late, not lost: _on_handover)."""
+        broker = self.broker
+        assert broker is not None
+        claim = self.claims[cid]
+        log.warning("session %s: no hand-over%s yet, messages for it arrive: started here from its claim", cid,
+                    f" from {old}" if old else "")
+        record = SessionRecord(cid, 5, broker.settings.max_session_expiry, subscriptions=dict(claim.subscriptions))
+        adopt_session(broker, record, [], [])
+        self._stand_ins[cid] = old
+        self._emit("migrated", subscriber=cid, reason="stand_in")
+        self._retarget(cid, old, self.node_id)  # ends the awaiting; our forwards buffered for `old` join it, in order
+
+    def _nowhere(self, message: Message, cid: str, claim: SessionClaim) -> None:
+        """A message for a session whose claim names this node, with no session here and no hand-over awaited (a
+        restart in the window of _await_handover forgets whose it awaits): a persistent one starts here, else the
+        message is counted as dropped."""
+        if claim.persistent:
+            self._stand_in(cid, "")
+            self._deliver_here(message, (cid,))
+            return
+        if self.broker is not None:
+            self.broker.metrics.drop("cluster_no_session")
+        self._emit("dropped", message=message, subscriber=cid, reason="no_session")
 
     def _have_since(self, cid: str, epoch: float) -> bool:
         """We own the session under a claim at least as recent as a hand-over of that epoch."""

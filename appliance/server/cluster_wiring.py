@@ -75,6 +75,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
         self._awaiting: dict[str, str] = {}  # client id -> old owner whose hand-over we await (claim ours, no session)
+        self._stand_ins: dict[str, str] = {}  # client id -> old owner ("": unknown) whose late hand-over joins it here
         self._handing: dict[str, tuple[str, bytes, bool]] = {}
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
@@ -364,6 +365,8 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         if old is not None and old.owner != self.node_id:
             for topic_filter in old.subscriptions:
                 self.remote_tree.remove(cid, topic_filter)
+        if claim is None or claim.owner != self.node_id:
+            self._stand_ins.pop(cid, None)
         if claim is None:
             self.claims.pop(cid, None)
             return
@@ -467,10 +470,12 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         assert broker is not None
         self.store.begin_own_acks()
         missing = self._deliver_here(fwd.message, fwd.clients)
-        for cid in missing:
-            if self._awaiting.get(cid) == peer:  # its hand-over would have come first on this link: it has none
-                log.warning("session %s: no hand-over from %s, which passes its messages on to us", cid, peer)
-                self._end_awaiting(cid)  # sending them back would loop between us
+        orphans = tuple(c for c in missing if self._awaiting.get(c) == peer)
+        if orphans:  # their hand-overs would have come first on this link: the sender has none (lost in a restart)
+            for cid in orphans:
+                self._stand_in(cid, peer)  # sending the message back would loop between us; dropping it lost it
+            self._deliver_here(fwd.message, orphans)
+            missing = [c for c in missing if c not in orphans]
         self._onward(fwd.message, missing)
         self.inner.set_meta(f"cluster.fwd.{peer}", str(fwd.seq))
         self.store.after_own_acks(self._forward_committed, peer, fwd.seq)
@@ -517,6 +522,8 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             node = claim.owner if claim.owner != self.node_id else self._awaited(cid)
             if node is not None:
                 onward.setdefault(node, []).append(cid)
+            elif self.broker is not None and cid not in self.broker.sessions:
+                self._nowhere(message, cid, claim)
         for node, named in onward.items():
             self._forward(node, message, tuple(named))
 

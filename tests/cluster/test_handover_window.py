@@ -16,6 +16,7 @@ from appliance.broker.model import Delivery, Message, SessionRecord, Subscriptio
 from appliance.cluster.ownership import FRESH, MIGRATED, SessionClaim, encode_claim, encode_handover
 from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.wire import Forward, SessionState, SessionTakeover
+from appliance.protocol.reason_codes import ReasonCode
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 
 SUBS = {"t/#": SubscriptionOptions(qos=1)}
@@ -93,7 +94,8 @@ async def test_a_forward_from_the_awaited_old_owner_is_not_sent_back_to_it(tmp_p
         wiring.route_remote(_message("m2", 2), [])  # awaiting n1's hand-over: via n1
         await until(lambda: len(back) == 1, "m2 at n1")
         old_owner.svc.forward("n2", _message("m3", 3), ("s",))
-        await until(lambda: old_owner.svc.senders["n2"].in_transit == 0, "n2's ack of m3")
+        await until(lambda: (old_owner.ack_replicas(), old_owner.svc.senders["n2"].in_transit == 0)[1],
+                    "n2's ack of m3 (s started at n2, replicated to n1)")
         wiring.route_remote(_message("m4", 4), [])
         assert [f.message.msg_id for f in back] == ["m2"]
     finally:
@@ -147,3 +149,133 @@ async def test_what_the_old_owner_forwarded_after_its_lost_hand_over_reaches_the
         await relay.svc.async_stop()
         await stop_node(na)
         await stop_node(nb)
+
+
+async def test_a_forward_from_an_old_owner_without_hand_over_starts_the_session_here(tmp_path: Path) -> None:
+    """n2 awaits n1's hand-over of s, but n1 forwards m3 for s first: n1 has no hand-over for n2 (it would have come
+    first on that link; a restart loses it, its forwards are durable). The acknowledged m3 must not be routed
+    nowhere: s starts here from its claim, with m3 (before the fix it was dropped, a warning in the log). If n1's
+    hand-over turns up after all, what it holds joins s (late, not lost)."""
+    n2 = await start_node(tmp_path / "n2", "n2", ("n0", "n1"))
+    old_owner = Peer("n1")
+    old_owner.svc.cb.on_forward = lambda p, fwd: old_owner.svc.forward_committed(p, fwd.seq)
+    wiring = wiring_of(n2)
+    try:
+        await old_owner.svc.async_start()
+        await link(wiring.svc, old_owner.svc)
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n1", 1000.0, FRESH, True, dict(SUBS))))
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n2", 2000.0, MIGRATED, True, dict(SUBS),
+                                                                  {"n1": 2})))
+        assert wiring.claims["s"].owner == "n2" and "s" not in n2.broker.sessions
+        old_owner.svc.forward("n2", _message("m3", 3), ("s",))
+        await until(lambda: "s" in n2.broker.sessions, "s started at n2")
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m3"]
+        assert n2.broker.sessions["s"].record.subscriptions == SUBS
+        await until(lambda: [d.message.msg_id for d in n2.store.load().queues.get("s", [])] == ["m3"],
+                    "s with m3 on n2's disk")
+
+        record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+        state = encode_handover(2000.0, record, [Delivery(1, _message("m1", 1), 1, False)], [], ["m1"])
+        old_owner.svc.send("n2", SessionState(0, "s", True, FROM_OWNER + state))
+        await until(lambda: len(n2.broker.sessions["s"].queue) >= 2, "m1 merged into s")
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m3", "m1"]
+    finally:
+        await old_owner.svc.async_stop()
+        await stop_node(n2)
+
+
+async def test_a_connect_while_the_hand_over_is_awaited_takes_it_in_when_it_arrives(tmp_path: Path) -> None:
+    """The client of s connects to n2 while n2 awaits n1's hand-over of s (n1 unreachable): it gets a session here,
+    and the hand-over (m1), resent when n1 returns, joins it (late, not lost). Before the fix the hand-over was taken
+    for one already adopted (the claim names n2, a session is here) and its queue was dropped."""
+    n2 = await start_node(tmp_path / "n2", "n2", ("n0", "n1"))
+    old_owner, relay = Peer("n1"), Peer("n0")
+    wiring = wiring_of(n2)
+    try:
+        await relay.svc.async_start()
+        await link(wiring.svc, relay.svc)  # n2 reaches half of the members: it serves its persistent sessions
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n1", 1000.0, FRESH, True, dict(SUBS))))
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n2", 2000.0, MIGRATED, True, dict(SUBS),
+                                                                  {"n1": 2})))
+        assert wiring.claims["s"].owner == "n2" and "s" not in n2.broker.sessions
+        fetch = wiring.prepare_connect("s", False)
+        if fetch is not None:
+            assert await fetch == ReasonCode.SUCCESS
+        record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+        if "s" not in n2.broker.sessions:  # the broker's CONNECT: a new session
+            adopt_session(n2.broker, record, [], [])
+        wiring.session_changed(record, connected=True)
+
+        await old_owner.svc.async_start()
+        await link(wiring.svc, old_owner.svc)
+        state = encode_handover(2000.0, record, [Delivery(1, _message("m1", 1), 1, False)], [], ["m1"])
+        old_owner.svc.send("n2", SessionState(0, "s", True, FROM_OWNER + state))  # resent at link-up
+        await until(lambda: len(n2.broker.sessions["s"].queue) >= 1, "m1 in s")
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m1"]
+    finally:
+        await relay.svc.async_stop()
+        await old_owner.svc.async_stop()
+        await stop_node(n2)
+
+
+async def test_a_connect_while_the_hand_over_is_awaited_asks_the_reachable_old_owner_for_it(tmp_path: Path) -> None:
+    """The client of s connects to n2 while n2 awaits n1's hand-over of s and n1 is reachable: n2 asks n1 again,
+    n1 answers with the hand-over it made, and the client resumes s with m1 (not a fresh session)."""
+    n2 = await start_node(tmp_path / "n2", "n2", ("n0", "n1"))
+    old_owner = Peer("n1")
+    wiring = wiring_of(n2)
+    record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+    state = encode_handover(2000.0, record, [Delivery(1, _message("m1", 1), 1, False)], [], ["m1"])
+
+    def answer(peer: str, msg: object) -> None:
+        if isinstance(msg, SessionTakeover):
+            old_owner.svc.send(peer, SessionState(msg.request_id, msg.client_id, True, FROM_OWNER + state))
+
+    old_owner.svc.cb.on_session_message = answer
+    try:
+        await old_owner.svc.async_start()
+        await link(wiring.svc, old_owner.svc)
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n1", 1000.0, FRESH, True, dict(SUBS))))
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n2", 2000.0, MIGRATED, True, dict(SUBS),
+                                                                  {"n1": 2})))
+        assert "s" not in n2.broker.sessions
+        fetch = wiring.prepare_connect("s", False)
+        assert fetch is not None and await fetch == ReasonCode.SUCCESS
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m1"]
+        assert "s" not in wiring._stand_ins
+    finally:
+        await old_owner.svc.async_stop()
+        await stop_node(n2)
+
+
+async def test_a_forward_for_a_claim_here_without_session_or_awaited_hand_over_is_not_lost(tmp_path: Path) -> None:
+    """n2 restarted between learning its claim of s and the hand-over (it no longer knows whose hand-over it
+    awaits): a forward for s starts s here with it, and the hand-over, when it comes, joins s. A message for a
+    non-persistent session in that state is counted as dropped (metric and delivery-log reason)."""
+    n2 = await start_node(tmp_path / "n2", "n2", ("n0", "n1"))
+    third, old_owner = Peer("n0"), Peer("n1")
+    third.svc.cb.on_replicate = lambda p, rep: third.svc.replicate_committed(p, rep.seq)
+    wiring = wiring_of(n2)
+    try:
+        await third.svc.async_start()
+        await old_owner.svc.async_start()
+        await link(wiring.svc, third.svc)
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n2", 2000.0, MIGRATED, True, dict(SUBS),
+                                                                  {"n1": 2})))
+        wiring.svc.put("sessions", "c", encode_claim(SessionClaim("n2", 2000.0, FRESH, False, dict(SUBS))))
+        assert "s" not in n2.broker.sessions and "s" not in wiring._awaiting
+        third.svc.forward("n2", _message("m3", 3), ("s", "c"))
+        await until(lambda: third.svc.senders["n2"].in_transit == 0, "n2's ack of m3")
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m3"]
+        assert "c" not in n2.broker.sessions and n2.broker.metrics.drops["cluster_no_session"] == 1
+
+        await link(wiring.svc, old_owner.svc)
+        record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+        state = encode_handover(2000.0, record, [Delivery(1, _message("m1", 1), 1, False)], [], ["m1"])
+        old_owner.svc.send("n2", SessionState(0, "s", True, FROM_OWNER + state))
+        await until(lambda: len(n2.broker.sessions["s"].queue) >= 2, "m1 merged into s")
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m3", "m1"]
+    finally:
+        await third.svc.async_stop()
+        await old_owner.svc.async_stop()
+        await stop_node(n2)
