@@ -25,6 +25,7 @@ from appliance.cluster.ownership import (
     OP_SESSION,
     OP_SNAPSHOT,
     OP_UPDATE,
+    Handing,
     ReplicaCopy,
     SessionClaim,
     apply_op,
@@ -35,6 +36,7 @@ from appliance.cluster.ownership import (
     decode_update,
     encode_claim,
     encode_copy,
+    encode_handing,
     encode_handover,
     extend_lineage,
     extend_marks,
@@ -61,6 +63,7 @@ RELEASED_PUSH_S = 300.0  # a session let go this recently has its claim pushed t
 SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
 RESUME_HOLD_TIMEOUTS = 3  # failure_timeouts a resume we did not object to may take (the asker waits 2 for answers)
 Lineage = tuple[int, dict[str, int], dict[str, int]]  # (claim origin, bases, ingress marks) of a session connecting
+HANDING = "ho"  # KV namespace: client id -> a hand-over not confirmed by its taker (the session's only copy)
 
 
 def seq_key(seq: int) -> str:
@@ -81,7 +84,7 @@ class SessionMigration:
     _origin: dict[str, Lineage]
     # client id -> (node taking it over, SessionState data, whether a third node may resume from it) until the taker's
     # SessionDone, which it sends once the session is durable there and on its replicas
-    _handing: dict[str, tuple[str, bytes, bool]]
+    _handing: dict[str, Handing]
     _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
     _stand_ins: dict[str, str]  # client id -> old owner whose hand-over had not come when the session started here
     _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
@@ -372,7 +375,7 @@ class SessionMigration:
             if cid in self.copies:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
             if self._handing.get(cid, ("", b"", False))[0] == owner:
-                del self._handing[cid]  # resumed here: our hand-over to the owner is superseded
+                self._handed(cid)  # resumed here: our hand-over to the owner is superseded
             self._retarget(cid, owner, self.node_id)  # now, before any newer local publish reaches the session
             stranded = self.pass_on_stranded(best)  # what the owner acked for unreachable targets, before newer
             self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
@@ -408,7 +411,7 @@ class SessionMigration:
                 # Resent on every link-up until the taker says SessionDone (durable there and on its replicas);
                 # meanwhile the copy a third node may resume from if the taker dies (unless it starts clean).
                 resumable = not msg.clean_start and record.expiry_interval > 0
-                self._handing[cid] = (peer, data, resumable)
+                self._hand(cid, (peer, data, resumable))
                 self._released[cid] = time.monotonic()
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
@@ -441,7 +444,19 @@ class SessionMigration:
             if msg.request_id and self._end_resume_holds(msg.client_id, peer, msg.request_id):
                 return  # the asker did not resume the session after all
             if self._handing.get(msg.client_id, ("", b"", False))[0] == peer:
-                del self._handing[msg.client_id]
+                self._handed(msg.client_id)
+
+    def _hand(self, cid: str, entry: Handing) -> None:
+        """Keep a hand-over until its taker confirms it, on disk too (written right after the session's deletion):
+        with the answer lost on a dead link it is the session's only copy (the replicas dropped theirs), and this
+        node may be killed and restarted before the link returns."""
+        self._handing[cid] = entry
+        self.inner.kv_put(HANDING, cid, encode_handing(entry))
+
+    def _handed(self, cid: str) -> None:
+        """The taker confirmed the hand-over (or it was superseded): forget it."""
+        del self._handing[cid]
+        self.inner.kv_delete(HANDING, cid)
 
     def _held_copy(self, cid: str) -> tuple[ReplicaCopy | None, bool]:
         """What we hold of a session owned elsewhere: our replica copy or, while the claim's owner has not confirmed

@@ -21,11 +21,13 @@ from appliance.cluster import dvv
 from appliance.cluster.forwarding import ForwardSender, OnAcked
 from appliance.cluster.ownership import (
     FRESH,
+    Handing,
     ReplicaCopy,
     SessionClaim,
     claim_order,
     decode_claim,
     decode_copy,
+    decode_handing,
     encode_claim,
     hands_over,
 )
@@ -38,7 +40,7 @@ from appliance.store import SqliteStore
 
 from .cluster_ingress import IngressGuard
 from .cluster_replication import QueueReplication
-from .cluster_sessions import Lineage, SessionMigration, seq_key
+from .cluster_sessions import HANDING, Lineage, SessionMigration, seq_key
 from .cluster_store import ClusterStore
 from .config import Config, parse_hostport
 
@@ -76,7 +78,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
         self._awaiting: dict[str, str] = {}  # client id -> old owner whose hand-over we await (claim ours, no session)
         self._stand_ins: dict[str, str] = {}  # client id -> old owner ("": unknown) whose late hand-over joins it here
-        self._handing: dict[str, tuple[str, bytes, bool]] = {}
+        self._handing: dict[str, Handing] = {}
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
         self._resumes: dict[str, list[tuple[str, str, int, int]]] = {}  # heal-time holds (SessionMigration)
@@ -143,6 +145,9 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         for cid, value in spaces[SESSIONS].items(claim_order).items():
             self._apply_claim(cid, decode_claim(value), restoring=True)
         self.restore_ingress(kv)
+        for cid, value in kv.get(HANDING, {}).items():  # unconfirmed hand-overs: resent when their takers link up
+            self._handing[cid] = decode_handing(value)
+            self._released[cid] = time.monotonic()
         if self.broker is not None:
             for cid, session in self.broker.sessions.items():
                 for delivery in [*session.inflight.values(), *session.queue]:
