@@ -152,6 +152,9 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             for cid, session in self.broker.sessions.items():
                 for delivery in [*session.inflight.values(), *session.queue]:
                     self._note_enqueued(cid, delivery)
+            for cid, claim in list(self.claims.items()):  # our claim came before its hand-over, then we restarted
+                if claim.owner == self.node_id and claim.persistent and cid not in self.broker.sessions:
+                    self._stand_in(cid, "")  # whose hand-over we await is forgotten: messages for it go here
 
     def attach(self, broker: Broker) -> None:
         """The broker this wiring serves (constructed with self.store and self as its cluster port)."""

@@ -279,3 +279,34 @@ async def test_a_forward_for_a_claim_here_without_session_or_awaited_hand_over_i
         await third.svc.async_stop()
         await old_owner.svc.async_stop()
         await stop_node(n2)
+
+
+async def test_a_node_restarted_while_awaiting_a_hand_over_serves_the_session_and_merges_it(tmp_path: Path) -> None:
+    """n2 learnt its claim of s, then restarted before n1's hand-over came: it no longer knows whose hand-over it
+    awaits. s starts at n2 at once (a local publish for it must not be routed nowhere), and the hand-over (m1),
+    resent when n1 links up, joins it."""
+    n2 = await start_node(tmp_path / "n2", "n2", ("n0", "n1"))
+    old_owner = Peer("n1")
+    try:
+        wiring = wiring_of(n2)
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n1", 1000.0, FRESH, True, dict(SUBS))))
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n2", 2000.0, MIGRATED, True, dict(SUBS),
+                                                                  {"n1": 2})))
+        assert "s" not in n2.broker.sessions
+        await stop_node(n2)
+        n2 = await start_node(tmp_path / "n2", "n2", ("n0", "n1"))
+        wiring = wiring_of(n2)
+        assert wiring.claims["s"].owner == "n2" and "s" in n2.broker.sessions
+        n2.broker.router.route(_message("m2", 2))  # published on n2
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m2"]
+
+        await old_owner.svc.async_start()
+        await link(wiring.svc, old_owner.svc)
+        record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+        state = encode_handover(2000.0, record, [Delivery(1, _message("m1", 1), 1, False)], [], ["m1"])
+        old_owner.svc.send("n2", SessionState(0, "s", True, FROM_OWNER + state))
+        await until(lambda: len(n2.broker.sessions["s"].queue) >= 2, "m1 merged into s")
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m2", "m1"]
+    finally:
+        await old_owner.svc.async_stop()
+        await stop_node(n2)
