@@ -562,12 +562,12 @@ class SessionMigration:
 
     def _stand_in(self, cid: str, old: str) -> None:
         """Start a persistent session of ours here from its claim although its hand-over from `old` ("": unknown,
-        after a restart) has not come: a message acknowledged for it must not be routed nowhere. If the hand-over
+        after a restart) has not come: messages acknowledged for it must not be routed nowhere. If the hand-over
         turns up after all, what it holds joins the session (late, not lost: _on_handover)."""
         broker = self.broker
         assert broker is not None
         claim = self.claims[cid]
-        log.warning("session %s: no hand-over%s yet, messages for it arrive: started here from its claim", cid,
+        log.warning("session %s: claimed here, no hand-over%s yet: started here from its claim", cid,
                     f" from {old}" if old else "")
         record = SessionRecord(cid, 5, broker.settings.max_session_expiry, subscriptions=dict(claim.subscriptions))
         adopt_session(broker, record, [], [])
