@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import adopt_session, release_session
-from appliance.broker.model import Delivery, Message, SessionRecord
+from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord
 from appliance.cluster.ownership import (
     FRESH,
     FROM_REPLICA,
@@ -542,7 +542,9 @@ class SessionMigration:
         if not waiting and cid in broker.sessions:
             if stand_in:
                 del self._stand_ins[cid]
-            merged = [d for d in queue if stand_in or claim is None or hands_over(claim, peer, d.seq)]
+            # a RELEASED delivery reached the client (its PUBREC came back): sent anew it is a QoS2 duplicate
+            merged = [d for d in queue if d.state != DeliveryState.RELEASED
+                      and (stand_in or claim is None or hands_over(claim, peer, d.seq))]
             for delivery in merged:
                 self._onward(delivery.message, self._deliver_here(delivery.message, (cid,)))
             for msg_id in seen:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.broker.handover import adopt_session
-from appliance.broker.model import Delivery, Message, SessionRecord, SubscriptionOptions
+from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import FRESH, MIGRATED, SessionClaim, encode_claim, encode_handover
 from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.wire import Forward, SessionState, SessionTakeover
@@ -208,10 +208,13 @@ async def test_a_connect_while_the_hand_over_is_awaited_takes_it_in_when_it_arri
 
         await old_owner.svc.async_start()
         await link(wiring.svc, old_owner.svc)
-        state = encode_handover(2000.0, record, [Delivery(1, _message("m1", 1), 1, False)], [], ["m1"])
+        m0 = Message("m0", "t/x", b"x", 2, False, "pub", 1000.0)  # QoS2, PUBREC'd by the client: it has it
+        queue = [Delivery(1, m0, 2, False, packet_id=7, state=DeliveryState.RELEASED),
+                 Delivery(2, _message("m1", 1), 1, False)]
+        state = encode_handover(2000.0, record, queue, [], ["m0", "m1"])
         old_owner.svc.send("n2", SessionState(0, "s", True, FROM_OWNER + state))  # resent at link-up
         await until(lambda: len(n2.broker.sessions["s"].queue) >= 1, "m1 in s")
-        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m1"]
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m1"]  # m0 again: a QoS2 duplicate
     finally:
         await relay.svc.async_stop()
         await old_owner.svc.async_stop()
