@@ -3,6 +3,8 @@ QoS2 message): node1 let sub1 go to node2 (its takeover question had crossed a d
 the hand-over was lost with that link, while node0 relayed the claim to node2 at once. Until node1 resent the
 hand-over, node2 routed pub2's message #139 for sub1 nowhere: the claim said "here", but there was no session here
 yet (PUBREC and PUBCOMP went out; sub1 never got #139). A forward for sub1 arriving meanwhile was dropped likewise.
+Chaos seed 30649 lost 6 messages in the same window (the old owner's forwards resent ahead of its hand-over); a
+CONNECT, a forward from the old owner with no hand-over and a restart in the window must not lose anything either.
 
 Real node (broker + SQLite + ClusterWiring) and bare ClusterService peers, on loopback.
 """
