@@ -400,9 +400,13 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         """Our claim arrived before the session (chaos seed 30318: relayed by a third node while the old owner's
         hand-over was lost with its link): until the hand-over is adopted, the session's messages go to the old
         owner, which passes them on after it; adopting it takes those still buffered into the session, in order.
-        Routed nowhere (the claim says "here", no session here), they were acknowledged and lost."""
+        Routed nowhere (the claim says "here", no session here), they were acknowledged and lost. If the session
+        started here meanwhile (a CONNECT), those still buffered for the old owner join it now."""
         broker = self.broker
-        if not claim.persistent or broker is None or cid in broker.sessions:
+        if broker is not None and cid in broker.sessions:
+            self._retarget(cid, old, self.node_id)
+            return
+        if not claim.persistent or broker is None:
             return
         self._awaiting[cid] = old
         for topic_filter, options in claim.subscriptions.items():

@@ -187,9 +187,10 @@ async def test_a_forward_from_an_old_owner_without_hand_over_starts_the_session_
 
 
 async def test_a_connect_while_the_hand_over_is_awaited_takes_it_in_when_it_arrives(tmp_path: Path) -> None:
-    """The client of s connects to n2 while n2 awaits n1's hand-over of s (n1 unreachable): it gets a session here,
-    and the hand-over (m1), resent when n1 returns, joins it (late, not lost). Before the fix the hand-over was taken
-    for one already adopted (the claim names n2, a session is here) and its queue was dropped."""
+    """The client of s connects to n2 while n2 awaits n1's hand-over of s (n1 unreachable): it gets a session here
+    with m2, published on n2 meanwhile (routed to n1, not left waiting for n1's return), and the hand-over (m1),
+    resent when n1 returns, joins it (late, not lost). Before the fix the hand-over was taken for one already
+    adopted (the claim names n2, a session is here) and its queue was dropped."""
     n2 = await start_node(tmp_path / "n2", "n2", ("n0", "n1"))
     old_owner, relay = Peer("n1"), Peer("n0")
     wiring = wiring_of(n2)
@@ -200,6 +201,7 @@ async def test_a_connect_while_the_hand_over_is_awaited_takes_it_in_when_it_arri
         wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n2", 2000.0, MIGRATED, True, dict(SUBS),
                                                                   {"n1": 2})))
         assert wiring.claims["s"].owner == "n2" and "s" not in n2.broker.sessions
+        wiring.route_remote(_message("m2", 2), [])  # published on n2 meanwhile: buffered for n1 (awaited)
         fetch = wiring.prepare_connect("s", False)
         if fetch is not None:
             assert await fetch == ReasonCode.SUCCESS
@@ -207,6 +209,8 @@ async def test_a_connect_while_the_hand_over_is_awaited_takes_it_in_when_it_arri
         if "s" not in n2.broker.sessions:  # the broker's CONNECT: a new session
             adopt_session(n2.broker, record, [], [])
         wiring.session_changed(record, connected=True)
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m2"]  # not left to n1's return
+        assert wiring.svc.senders["n1"].in_transit == 0
 
         await old_owner.svc.async_start()
         await link(wiring.svc, old_owner.svc)
@@ -215,8 +219,8 @@ async def test_a_connect_while_the_hand_over_is_awaited_takes_it_in_when_it_arri
                  Delivery(2, _message("m1", 1), 1, False)]
         state = encode_handover(2000.0, record, queue, [], ["m0", "m1"])
         old_owner.svc.send("n2", SessionState(0, "s", True, FROM_OWNER + state))  # resent at link-up
-        await until(lambda: len(n2.broker.sessions["s"].queue) >= 1, "m1 in s")
-        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m1"]  # m0 again: a QoS2 duplicate
+        await until(lambda: len(n2.broker.sessions["s"].queue) >= 2, "m1 in s")
+        assert [d.message.msg_id for d in n2.broker.sessions["s"].queue] == ["m2", "m1"]  # not m0: a QoS2 duplicate
     finally:
         await relay.svc.async_stop()
         await old_owner.svc.async_stop()
