@@ -264,6 +264,21 @@ def decode_qos2_add(data: bytes) -> tuple[int, int, bytes]:
     return pid, mark, (r.raw() if r.pos < len(data) else b"")
 
 
+Handing = tuple[str, bytes, bool]  # an unconfirmed hand-over: (taker, SessionState data, resumable by a third node)
+
+
+def encode_handing(entry: Handing) -> bytes:
+    """A hand-over its taker has not confirmed yet, as a KV value (the old owner keeps it across restarts)."""
+    taker = entry[0].encode()
+    return len(taker).to_bytes(2, "big") + taker + bytes([entry[2]]) + entry[1]
+
+
+def decode_handing(value: bytes) -> Handing:
+    """encode_handing's inverse."""
+    n = int.from_bytes(value[:2], "big")
+    return value[2 : 2 + n].decode(), value[3 + n :], bool(value[2 + n])
+
+
 def encode_handover(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int],
                     seen: list[str]) -> bytes:
     """A session handed to the node taking it over: the snapshot plus the ids of messages recently queued for it
@@ -476,16 +491,19 @@ def decode_copy(data: bytes) -> ReplicaCopy:
 
 
 __all__ = [
+    "Handing",
     "ReplicaCopy",
     "SessionClaim",
     "apply_op",
     "claim_order",
     "decode_claim",
     "decode_copy",
+    "decode_handing",
     "decode_handover",
     "encode_claim",
     "encode_copy",
     "encode_delivery",
+    "encode_handing",
     "encode_handover",
     "encode_snapshot",
     "encode_uint",

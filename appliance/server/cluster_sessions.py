@@ -10,8 +10,9 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import adopt_session, release_session
-from appliance.broker.model import Delivery, Message
+from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord
 from appliance.cluster.ownership import (
+    FRESH,
     FROM_REPLICA,
     MIGRATED,
     OP_DROP,
@@ -24,6 +25,7 @@ from appliance.cluster.ownership import (
     OP_SESSION,
     OP_SNAPSHOT,
     OP_UPDATE,
+    Handing,
     ReplicaCopy,
     SessionClaim,
     apply_op,
@@ -34,6 +36,7 @@ from appliance.cluster.ownership import (
     decode_update,
     encode_claim,
     encode_copy,
+    encode_handing,
     encode_handover,
     extend_lineage,
     extend_marks,
@@ -60,6 +63,7 @@ RELEASED_PUSH_S = 300.0  # a session let go this recently has its claim pushed t
 SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
 RESUME_HOLD_TIMEOUTS = 3  # failure_timeouts a resume we did not object to may take (the asker waits 2 for answers)
 Lineage = tuple[int, dict[str, int], dict[str, int]]  # (claim origin, bases, ingress marks) of a session connecting
+HANDING = "ho"  # KV namespace: client id -> a hand-over not confirmed by its taker (the session's only copy)
 
 
 def seq_key(seq: int) -> str:
@@ -80,8 +84,9 @@ class SessionMigration:
     _origin: dict[str, Lineage]
     # client id -> (node taking it over, SessionState data, whether a third node may resume from it) until the taker's
     # SessionDone, which it sends once the session is durable there and on its replicas
-    _handing: dict[str, tuple[str, bytes, bool]]
+    _handing: dict[str, Handing]
     _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
+    _stand_ins: dict[str, str]  # client id -> old owner whose hand-over had not come when the session started here
     _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
     _seen: dict[str, OrderedDict[str, None]]
     _rep_due: dict[str, int]  # peer -> last replica operation applied in this loop iteration
@@ -117,6 +122,10 @@ class SessionMigration:
 
     def _onward(self, message: Message, clients: list[str]) -> None:
         """Forward a message to the owners of clients not here (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _awaited(self, cid: str) -> str | None:
+        """The old owner whose hand-over of a session of ours has not come yet (ClusterWiring)."""
         raise NotImplementedError
 
 
@@ -215,8 +224,25 @@ class SessionMigration:
         if claim.owner == self.node_id:
             if not clean_start and claim.subscriptions and self._fenced():
                 return self._async_refuse(client_id)
+            old = self._awaited(client_id)
+            if old is not None and not clean_start:
+                return self._async_stand_in(client_id, old)
             return None
         return self._async_takeover(client_id, clean_start, claim)
+
+    async def _async_stand_in(self, cid: str, old: str) -> int:
+        """CONNECT for a session of ours whose claim came before its hand-over from `old` (_await_handover): asked
+        again, `old` resends it (adopted on arrival, in order). If it cannot (unreachable, or it no longer holds
+        one), the session starts here, fresh, and the hand-over joins it if it comes later (late, not lost; before,
+        it was taken for one already adopted here and its queue was dropped)."""
+        if self.svc.links.is_up(old):
+            answer = await self._async_ask(old, cid, False)
+            if answer is not None and answer[0] == FROM_OWNER:
+                return ReasonCode.SUCCESS  # adopted when the state arrived
+        if self._awaited(cid) == old:
+            self._stand_ins[cid] = old
+            self._origin[cid] = (FRESH, {}, {})  # it does not continue old's state (yet): a loser hands over all
+        return ReasonCode.SUCCESS
 
     def _fenced(self) -> bool:
         """On a minority side (allow_register = true): the majority may resume our subscribers' sessions, so we
@@ -349,7 +375,7 @@ class SessionMigration:
             if cid in self.copies:
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
             if self._handing.get(cid, ("", b"", False))[0] == owner:
-                del self._handing[cid]  # resumed here: our hand-over to the owner is superseded
+                self._handed(cid)  # resumed here: our hand-over to the owner is superseded
             self._retarget(cid, owner, self.node_id)  # now, before any newer local publish reaches the session
             stranded = self.pass_on_stranded(best)  # what the owner acked for unreachable targets, before newer
             self._emit("migrated", subscriber=cid, peer_node=owner, reason="from_replica")
@@ -385,7 +411,7 @@ class SessionMigration:
                 # Resent on every link-up until the taker says SessionDone (durable there and on its replicas);
                 # meanwhile the copy a third node may resume from if the taker dies (unless it starts clean).
                 resumable = not msg.clean_start and record.expiry_interval > 0
-                self._handing[cid] = (peer, data, resumable)
+                self._hand(cid, (peer, data, resumable))
                 self._released[cid] = time.monotonic()
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
@@ -418,7 +444,19 @@ class SessionMigration:
             if msg.request_id and self._end_resume_holds(msg.client_id, peer, msg.request_id):
                 return  # the asker did not resume the session after all
             if self._handing.get(msg.client_id, ("", b"", False))[0] == peer:
-                del self._handing[msg.client_id]
+                self._handed(msg.client_id)
+
+    def _hand(self, cid: str, entry: Handing) -> None:
+        """Keep a hand-over until its taker confirms it, on disk too (written right after the session's deletion):
+        with the answer lost on a dead link it is the session's only copy (the replicas dropped theirs), and this
+        node may be killed and restarted before the link returns."""
+        self._handing[cid] = entry
+        self.inner.kv_put(HANDING, cid, encode_handing(entry))
+
+    def _handed(self, cid: str) -> None:
+        """The taker confirmed the hand-over (or it was superseded): forget it."""
+        del self._handing[cid]
+        self.inner.kv_delete(HANDING, cid)
 
     def _held_copy(self, cid: str) -> tuple[ReplicaCopy | None, bool]:
         """What we hold of a session owned elsewhere: our replica copy or, while the claim's owner has not confirmed
@@ -484,7 +522,8 @@ class SessionMigration:
         broker = self.broker
         assert broker is not None
         epoch, record, queue, qos2, seen = decode_handover(data)
-        if self._adopted.get(cid) == epoch or self._have_since(cid, epoch):
+        stand_in = self._stand_ins.get(cid) in (peer, "") and cid in broker.sessions  # started here without it
+        if self._adopted.get(cid) == epoch or (self._have_since(cid, epoch) and not stand_in):
             return  # a resent hand-over we already have (adopted before a restart: the claim says so)
         if clean or record.expiry_interval == 0:
             return
@@ -501,7 +540,11 @@ class SessionMigration:
                      claim.owner, len(passed), len(queue))
             return
         if not waiting and cid in broker.sessions:
-            merged = [d for d in queue if claim is None or hands_over(claim, peer, d.seq)]
+            if stand_in:
+                del self._stand_ins[cid]
+            # a RELEASED delivery reached the client (its PUBREC came back): sent anew it is a QoS2 duplicate
+            merged = [d for d in queue if d.state != DeliveryState.RELEASED
+                      and (stand_in or claim is None or hands_over(claim, peer, d.seq))]
             for delivery in merged:
                 self._onward(delivery.message, self._deliver_here(delivery.message, (cid,)))
             for msg_id in seen:
@@ -518,6 +561,33 @@ class SessionMigration:
         # Our forwards still buffered for the old owner join the session now, in order, before any newer local
         # publish (the old owner's acks for the rest follow this state on the link).
         self._retarget(cid, peer, self.node_id)
+
+    def _stand_in(self, cid: str, old: str) -> None:
+        """Start a persistent session of ours here from its claim although its hand-over from `old` ("": unknown,
+        after a restart) has not come: messages acknowledged for it must not be routed nowhere. If the hand-over
+        turns up after all, what it holds joins the session (late, not lost: _on_handover)."""
+        broker = self.broker
+        assert broker is not None
+        claim = self.claims[cid]
+        log.warning("session %s: claimed here, no hand-over%s yet: started here from its claim", cid,
+                    f" from {old}" if old else "")
+        record = SessionRecord(cid, 5, broker.settings.max_session_expiry, subscriptions=dict(claim.subscriptions))
+        adopt_session(broker, record, [], [])
+        self._stand_ins[cid] = old
+        self._emit("migrated", subscriber=cid, reason="stand_in")
+        self._retarget(cid, old, self.node_id)  # ends the awaiting; our forwards buffered for `old` join it, in order
+
+    def _nowhere(self, message: Message, cid: str, claim: SessionClaim) -> None:
+        """A message for a session whose claim names this node, with no session here and no hand-over awaited (a
+        restart in the window of _await_handover forgets whose it awaits): a persistent one starts here, else the
+        message is counted as dropped."""
+        if claim.persistent:
+            self._stand_in(cid, "")
+            self._deliver_here(message, (cid,))
+            return
+        if self.broker is not None:
+            self.broker.metrics.drop("cluster_no_session")
+        self._emit("dropped", message=message, subscriber=cid, reason="no_session")
 
     def _have_since(self, cid: str, epoch: float) -> bool:
         """We own the session under a claim at least as recent as a hand-over of that epoch."""

@@ -21,11 +21,13 @@ from appliance.cluster import dvv
 from appliance.cluster.forwarding import ForwardSender, OnAcked
 from appliance.cluster.ownership import (
     FRESH,
+    Handing,
     ReplicaCopy,
     SessionClaim,
     claim_order,
     decode_claim,
     decode_copy,
+    decode_handing,
     encode_claim,
     hands_over,
 )
@@ -38,7 +40,7 @@ from appliance.store import SqliteStore
 
 from .cluster_ingress import IngressGuard
 from .cluster_replication import QueueReplication
-from .cluster_sessions import Lineage, SessionMigration, seq_key
+from .cluster_sessions import HANDING, Lineage, SessionMigration, seq_key
 from .cluster_store import ClusterStore
 from .config import Config, parse_hostport
 
@@ -75,7 +77,8 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
         self._awaiting: dict[str, str] = {}  # client id -> old owner whose hand-over we await (claim ours, no session)
-        self._handing: dict[str, tuple[str, bytes, bool]] = {}
+        self._stand_ins: dict[str, str] = {}  # client id -> old owner ("": unknown) whose late hand-over joins it here
+        self._handing: dict[str, Handing] = {}
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
         self._resumes: dict[str, list[tuple[str, str, int, int]]] = {}  # heal-time holds (SessionMigration)
@@ -142,10 +145,16 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         for cid, value in spaces[SESSIONS].items(claim_order).items():
             self._apply_claim(cid, decode_claim(value), restoring=True)
         self.restore_ingress(kv)
+        for cid, value in kv.get(HANDING, {}).items():  # unconfirmed hand-overs: resent when their takers link up
+            self._handing[cid] = decode_handing(value)
+            self._released[cid] = time.monotonic()
         if self.broker is not None:
             for cid, session in self.broker.sessions.items():
                 for delivery in [*session.inflight.values(), *session.queue]:
                     self._note_enqueued(cid, delivery)
+            for cid, claim in list(self.claims.items()):  # our claim came before its hand-over, then we restarted
+                if claim.owner == self.node_id and claim.persistent and cid not in self.broker.sessions:
+                    self._stand_in(cid, "")  # whose hand-over we await is forgotten: messages for it go here
 
     def attach(self, broker: Broker) -> None:
         """The broker this wiring serves (constructed with self.store and self as its cluster port)."""
@@ -364,6 +373,8 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         if old is not None and old.owner != self.node_id:
             for topic_filter in old.subscriptions:
                 self.remote_tree.remove(cid, topic_filter)
+        if claim is None or claim.owner != self.node_id:
+            self._stand_ins.pop(cid, None)
         if claim is None:
             self.claims.pop(cid, None)
             return
@@ -389,9 +400,13 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         """Our claim arrived before the session (chaos seed 30318: relayed by a third node while the old owner's
         hand-over was lost with its link): until the hand-over is adopted, the session's messages go to the old
         owner, which passes them on after it; adopting it takes those still buffered into the session, in order.
-        Routed nowhere (the claim says "here", no session here), they were acknowledged and lost."""
+        Routed nowhere (the claim says "here", no session here), they were acknowledged and lost. If the session
+        started here meanwhile (a CONNECT), those still buffered for the old owner join it now."""
         broker = self.broker
-        if not claim.persistent or broker is None or cid in broker.sessions:
+        if broker is not None and cid in broker.sessions:
+            self._retarget(cid, old, self.node_id)
+            return
+        if not claim.persistent or broker is None:
             return
         self._awaiting[cid] = old
         for topic_filter, options in claim.subscriptions.items():
@@ -467,10 +482,12 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         assert broker is not None
         self.store.begin_own_acks()
         missing = self._deliver_here(fwd.message, fwd.clients)
-        for cid in missing:
-            if self._awaiting.get(cid) == peer:  # its hand-over would have come first on this link: it has none
-                log.warning("session %s: no hand-over from %s, which passes its messages on to us", cid, peer)
-                self._end_awaiting(cid)  # sending them back would loop between us
+        orphans = tuple(c for c in missing if self._awaiting.get(c) == peer)
+        if orphans:  # their hand-overs would have come first on this link: the sender has none (lost in a restart)
+            for cid in orphans:
+                self._stand_in(cid, peer)  # sending the message back would loop between us; dropping it lost it
+            self._deliver_here(fwd.message, orphans)
+            missing = [c for c in missing if c not in orphans]
         self._onward(fwd.message, missing)
         self.inner.set_meta(f"cluster.fwd.{peer}", str(fwd.seq))
         self.store.after_own_acks(self._forward_committed, peer, fwd.seq)
@@ -517,6 +534,8 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             node = claim.owner if claim.owner != self.node_id else self._awaited(cid)
             if node is not None:
                 onward.setdefault(node, []).append(cid)
+            elif self.broker is not None and cid not in self.broker.sessions:
+                self._nowhere(message, cid, claim)
         for node, named in onward.items():
             self._forward(node, message, tuple(named))
 

@@ -16,7 +16,7 @@ import pytest
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Delivery, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
-from appliance.cluster.ownership import FRESH, OP_SNAPSHOT, SessionClaim, encode_claim, encode_handover
+from appliance.cluster.ownership import FRESH, OP_SNAPSHOT, SessionClaim, decode_handover, encode_claim, encode_handover
 from appliance.cluster.wire import SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
@@ -196,6 +196,36 @@ async def test_a_hand_over_resent_at_link_up_goes_ahead_of_the_forwards_that_fol
         await link(wiring.svc, taker.svc)
         await until(lambda: "m4" in arrivals and "SessionState" in arrivals, "the hand-over and m4 at nb")
         assert arrivals.index("SessionState") < arrivals.index("m4")
+    finally:
+        await taker.svc.async_stop()
+        await stop_node(na)
+
+
+async def test_a_hand_over_lost_with_its_link_survives_a_restart_of_the_old_owner(tmp_path: Path) -> None:
+    """na let s go to nb, its answer lost with their link (the window of chaos seeds 30318 and 30649), and na was
+    killed and restarted before the link returned. s is gone from na's disk and its replicas dropped their copies:
+    the hand-over state, in na's memory, was the session's only copy (its 3 acknowledged messages lost). It must
+    survive the restart and go to nb when their link comes up."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"))
+    taker = Peer("nb")
+    try:
+        adopt_session(na.broker, SessionRecord("s", 5, 3600, subscriptions=dict(SUBS)), _deliveries(3), [])
+        wiring_of(na).svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, FRESH, True, dict(SUBS))))
+        wiring_of(na)._on_session_message("nb", SessionTakeover(7, "s", "nb", False))  # the answer is lost
+        assert "s" not in na.broker.sessions
+        await until(lambda: "s" not in na.store.load().sessions, "s gone from na's disk")
+        await stop_node(na)
+        na = await start_node(tmp_path / "na", "na", ("nb", "nc"))
+        await taker.svc.async_start()
+        await link(wiring_of(na).svc, taker.svc)
+        await until(lambda: any(isinstance(m, SessionState) for m in taker.session_messages), "the hand-over at nb")
+        state = next(m for m in taker.session_messages if isinstance(m, SessionState))
+        assert [d.message.msg_id for d in decode_handover(state.data[1:])[2]] == ["m1", "m2", "m3"]
+        taker.svc.send("na", SessionDone(state.request_id, "s"))  # adopted and durable at nb: na forgets it
+        await until(lambda: "s" not in wiring_of(na)._handing, "na's hand-over state released")
+        await stop_node(na)
+        na = await start_node(tmp_path / "na", "na", ("nb", "nc"))
+        assert "s" not in wiring_of(na)._handing
     finally:
         await taker.svc.async_stop()
         await stop_node(na)
