@@ -145,7 +145,13 @@ class _Connection:
                 continue
             if not data:
                 return "peer closed the connection"
-            for event in core.receive_data(data, time.monotonic()):
+            now = time.monotonic()
+            if core.expired(now):
+                # Read after the link expired by our clock (this process was frozen, SIGSTOP, or starved): the peer
+                # saw the same silence and has given up on this link and on what it sent (a takeover question it
+                # refused meanwhile, chaos 30585 / 30675); what must survive is resent on the next link.
+                return f"no traffic for {core.timeout:.1f}s"
+            for event in core.receive_data(data, now):
                 if isinstance(event, Authenticated):
                     self.dialled_by = self.links.node_id if self.initiator else event.peer_id
                     self.flush()
