@@ -264,6 +264,12 @@ def decode_qos2_add(data: bytes) -> tuple[int, int, bytes]:
     return pid, mark, (r.raw() if r.pos < len(data) else b"")
 
 
+def decode_stranded_add(data: bytes) -> tuple[int, str, bytes]:
+    """OP_STRANDED_ADD data -> (mark, key, encoded Forward)."""
+    r = _Reader(data)
+    return r.uint(), r.text(), r.raw()
+
+
 def encode_handover(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int],
                     seen: list[str]) -> bytes:
     """A session handed to the node taking it over: the snapshot plus the ids of messages recently queued for it
@@ -427,10 +433,9 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
     elif op == OP_QOS2_DEL:
         copy.qos2.discard(decode_uint(data))
     elif op == OP_STRANDED_ADD:
-        r = _Reader(data)
-        copy.mark = max(copy.mark, r.uint())
-        key = r.text()
-        copy.stranded[key] = r.raw()
+        mark, key, entry = decode_stranded_add(data)
+        copy.mark = max(copy.mark, mark)
+        copy.stranded[key] = entry
     elif op == OP_STRANDED_DEL:
         copy.stranded.pop(decode_text(data), None)
     elif op == OP_DROP:

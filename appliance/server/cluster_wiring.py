@@ -127,6 +127,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
                     for qv in kv.get(f"rq/{cid}", {}).values():
                         d = decode_delivery(qv)
                         copy.queue[d.seq] = d
+                    copy.stranded.update(kv.get(f"rx/{cid}", {}))
                     self.copies[cid] = copy
         committed = {k[len("cluster.fwd."):]: int(v) for k, v in meta.items() if k.startswith("cluster.fwd.")}
         callbacks = ClusterCallbacks(on_replicated=self._on_replicated, on_forward=self._on_forward,
