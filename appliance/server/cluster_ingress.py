@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from appliance.cluster.service import ClusterService
     from appliance.store import SqliteStore
 
-    from .cluster_store import ClusterStore
+    from .cluster_store import ClusterStore, Wait
 
 log = logging.getLogger("appliance.cluster")
 Q2_TAGS, STRANDED_TAGS = "q2u", "str"
@@ -84,8 +84,8 @@ class IngressGuard:
         """Remote node -> its sessions matching a message (ClusterWiring)."""
         raise NotImplementedError
 
-    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> None:
-        """Durably buffer and send one Forward (ClusterWiring)."""
+    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> list[Wait]:
+        """Durably buffer and send one Forward; the waits it registered (ClusterWiring)."""
         raise NotImplementedError
 
     def _init_ingress(self) -> None:
