@@ -449,8 +449,10 @@ def queue_position(copy: ReplicaCopy) -> int:
 
 
 def freshest(copies: list[ReplicaCopy]) -> ReplicaCopy:
-    """The copy to resume a session from: latest claim, then furthest queue position, then fed last by its owner."""
-    return max(copies, key=lambda c: (c.epoch, queue_position(c), c.touched, c.version))
+    """The copy to resume a session from: latest claim, then furthest queue position, then fed last by its owner: the
+    owner's latest ingress mark (the current replica's snapshot carries it; an abandoned copy applying late resends
+    gets a later `touched` but no later mark: chaos 30347), then the replica's clock."""
+    return max(copies, key=lambda c: (c.epoch, queue_position(c), c.mark, c.touched, c.version))
 
 
 def encode_copy(copy: ReplicaCopy) -> bytes:
