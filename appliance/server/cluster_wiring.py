@@ -459,10 +459,13 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
                 if fwd.message.qos:
                     self.inner.kv_put(f"fwd/{old}", seq_key(fwd.seq), encode(fwd))
             if new == self.node_id:
+                tracked = self.store.track()
                 self._onward(fwd.message, self._deliver_here(fwd.message, (cid,)))
-            else:  # what waited for it on the old node (a PUBREC, a pending QoS2 entry's release) waits for this
-                for wait in self._forward(new, fwd.message, (cid,)):
-                    self.store.chain_wait((old, fwd.seq, "f"), wait)
+                self.store.untrack(tracked)
+            else:
+                tracked = self._forward(new, fwd.message, (cid,))
+            for wait in tracked:  # what waited for it (a PUBREC, a pending QoS2 entry's release) waits for these
+                self.store.chain_wait((old, fwd.seq, "f"), wait)
             for waiter in waiters:
                 self.inner.after_commit(waiter, fwd.seq, 0)
 

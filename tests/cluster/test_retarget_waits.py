@@ -16,7 +16,7 @@ from pathlib import Path
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
-from appliance.cluster.ownership import MIGRATED, OP_STRANDED_DEL, SessionClaim, encode_claim
+from appliance.cluster.ownership import MIGRATED, OP_ENQUEUE_MANY, OP_STRANDED_DEL, SessionClaim, encode_claim
 from appliance.cluster.wire import Forward
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 
@@ -84,5 +84,39 @@ async def test_a_retargeted_qos2_forward_is_waited_for_on_its_new_node(tmp_path:
         if task is not None:
             task.cancel()
         for peer in (nb, nc, nr):
+            await peer.svc.async_stop()
+        await stop_node(node)
+
+
+async def test_a_forward_retargeted_into_a_session_here_is_waited_for_on_its_replica(tmp_path: Path) -> None:
+    """na routes pub's QoS1 message m1 to s on nb; before nb acked it, s comes to na (its claim names na, the session
+    is here): the forward is delivered into s here. m1's PUBACK waits until s's replica nr holds the enqueue, not
+    only na's disk."""
+    node = await start_node(tmp_path / "na", "na", ("nb", "nr"))
+    wiring = wiring_of(node)
+    s = next(c for c in (f"s{n}" for n in range(100)) if rendezvous(c, ["nb", "nr"], 1) == ["nr"])
+    nb, nr = HeldTarget("nb"), Peer("nr")
+    try:
+        for peer in (nb, nr):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        wiring.svc.put("sessions", s, encode_claim(SessionClaim("nb", 1000.0, MIGRATED, True, dict(SUBS))))
+        acked: list[str] = []
+        wiring.route_remote(Message("m1", "t/x", b"x", 1, False, "pub", 1000.0), [])
+        wiring.store.after_commit(acked.append, "PUBACK m1")
+        await until(lambda: "m1" in nb.received, "m1's forward at nb")
+
+        adopt_session(node.broker, SessionRecord(s, 5, 3600, subscriptions=dict(SUBS)), [], [])
+        wiring.svc.put("sessions", s, encode_claim(SessionClaim("na", 2000.0, MIGRATED, True, dict(SUBS))))
+        await until(lambda: [d.message.msg_id for d in node.broker.sessions[s].queue] == ["m1"], "m1 in s here")
+        await until(lambda: any(r.client_id == s and r.op == OP_ENQUEUE_MANY for _p, r in nr.replicated),
+                    "m1's enqueue at nr")
+        await asyncio.sleep(0.3)
+        assert acked == []  # nr has not acknowledged the enqueue yet
+
+        nr.ack_replicas()
+        await until(lambda: acked == ["PUBACK m1"], "m1's PUBACK once nr holds it")
+    finally:
+        for peer in (nb, nr):
             await peer.svc.async_stop()
         await stop_node(node)
