@@ -279,6 +279,12 @@ def decode_handing(value: bytes) -> Handing:
     return value[2 : 2 + n].decode(), value[3 + n :], bool(value[2 + n])
 
 
+def decode_stranded_add(data: bytes) -> tuple[int, str, bytes]:
+    """OP_STRANDED_ADD data -> (mark, key, encoded Forward)."""
+    r = _Reader(data)
+    return r.uint(), r.text(), r.raw()
+
+
 def encode_handover(epoch: float, record: SessionRecord, queue: list[Delivery], qos2: list[int],
                     seen: list[str]) -> bytes:
     """A session handed to the node taking it over: the snapshot plus the ids of messages recently queued for it
@@ -442,10 +448,9 @@ def apply_op(copy: ReplicaCopy | None, owner: str, op: int, data: bytes) -> Repl
     elif op == OP_QOS2_DEL:
         copy.qos2.discard(decode_uint(data))
     elif op == OP_STRANDED_ADD:
-        r = _Reader(data)
-        copy.mark = max(copy.mark, r.uint())
-        key = r.text()
-        copy.stranded[key] = r.raw()
+        mark, key, entry = decode_stranded_add(data)
+        copy.mark = max(copy.mark, mark)
+        copy.stranded[key] = entry
     elif op == OP_STRANDED_DEL:
         copy.stranded.pop(decode_text(data), None)
     elif op == OP_DROP:
@@ -459,8 +464,10 @@ def queue_position(copy: ReplicaCopy) -> int:
 
 
 def freshest(copies: list[ReplicaCopy]) -> ReplicaCopy:
-    """The copy to resume a session from: latest claim, then furthest queue position, then fed last by its owner."""
-    return max(copies, key=lambda c: (c.epoch, queue_position(c), c.touched, c.version))
+    """The copy to resume a session from: latest claim, then furthest queue position, then fed last by its owner: the
+    owner's latest ingress mark (the current replica's snapshot carries it; an abandoned copy applying late resends
+    gets a later `touched` but no later mark: chaos 30347), then the replica's clock."""
+    return max(copies, key=lambda c: (c.epoch, queue_position(c), c.mark, c.touched, c.version))
 
 
 def encode_copy(copy: ReplicaCopy) -> bytes:

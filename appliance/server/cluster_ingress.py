@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from appliance.cluster.service import ClusterService
     from appliance.store import SqliteStore
 
-    from .cluster_store import ClusterStore
+    from .cluster_store import ClusterStore, Wait
 
 log = logging.getLogger("appliance.cluster")
 Q2_TAGS, STRANDED_TAGS = "q2u", "str"
@@ -84,8 +84,8 @@ class IngressGuard:
         """Remote node -> its sessions matching a message (ClusterWiring)."""
         raise NotImplementedError
 
-    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> None:
-        """Durably buffer and send one Forward (ClusterWiring)."""
+    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> list[Wait]:
+        """Durably buffer and send one Forward; the waits it registered (ClusterWiring)."""
         raise NotImplementedError
 
     def _init_ingress(self) -> None:
@@ -163,11 +163,29 @@ class IngressGuard:
 
     def _q2_expire(self, mark: int) -> None:
         entry = self._unconfirmed.get(mark)
-        if entry is not None:
-            log.warning("QoS2 packet id of %s not acknowledged by %s within failure_timeout: forwards released",
-                        entry[0], sorted(entry[1]))
-            entry[1].clear()
-            self._q2_acked(mark, "")
+        if entry is None:
+            return
+        later = self._until_silent_down(entry[1])
+        if later is not None:
+            # A replica that has gone silent (cut off, frozen) is about to be declared down: then the session is
+            # re-replicated and the holds wait for the new replicas (_ingress_peer_down). Released now, the message
+            # would reach subscribers while no reachable replica holds its packet id (chaos 30507's logs: this
+            # expiry came 22 ms before the link's; killed then, the publisher's resend is routed as new).
+            asyncio.get_running_loop().call_later(later, self._q2_expire, mark)
+            return
+        log.warning("QoS2 packet id of %s not acknowledged by %s within failure_timeout: forwards released",
+                    entry[0], sorted(entry[1]))
+        entry[1].clear()
+        self._q2_acked(mark, "")
+
+    def _until_silent_down(self, peers: set[str]) -> float | None:
+        """Seconds until the links of those peers that sent nothing for two heartbeats would time out (plus one
+        heartbeat); None when every one of them was heard from lately (alive, only slow to commit)."""
+        beat, timeout = self.c["heartbeat_interval"], self.c["failure_timeout"]
+        waits = [timeout - row.last_seen + beat for row in self.svc.links.status()
+                 if row.peer_id in peers and row.state == "up" and row.last_seen is not None
+                 and row.last_seen > 2 * beat]
+        return max(waits) if waits else None
 
     def _q2_acked(self, mark: int, peer: str) -> None:
         """A replica acknowledged (or lost) a packet id; once all have, the streams it held go out."""

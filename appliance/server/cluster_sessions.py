@@ -24,6 +24,8 @@ from appliance.cluster.ownership import (
     OP_REMOVE_MANY,
     OP_SESSION,
     OP_SNAPSHOT,
+    OP_STRANDED_ADD,
+    OP_STRANDED_DEL,
     OP_UPDATE,
     Handing,
     ReplicaCopy,
@@ -31,6 +33,9 @@ from appliance.cluster.ownership import (
     apply_op,
     decode_copy,
     decode_handover,
+    decode_qos2_add,
+    decode_stranded_add,
+    decode_text,
     decode_uint,
     decode_uints,
     decode_update,
@@ -189,12 +194,26 @@ class SessionMigration:
             self.copies.pop(cid, None)
             inner.kv_delete("rs", cid)
             inner.kv_delete_ns(f"rq/{cid}")
+            inner.kv_delete_ns(f"rx/{cid}")
             return
         self.copies[cid] = copy
         ns = f"rq/{cid}"
-        if whole or rep.op in (OP_SESSION, OP_QOS2_ADD, OP_QOS2_DEL):
-            header = ReplicaCopy(copy.owner, copy.epoch, copy.record, {}, copy.qos2, copy.version)
+        if whole or rep.op in (OP_SESSION, OP_QOS2_ADD, OP_QOS2_DEL, OP_STRANDED_ADD):  # the mark is in the header
+            header = ReplicaCopy(copy.owner, copy.epoch, copy.record, {}, copy.qos2, copy.version, mark=copy.mark)
             inner.kv_put("rs", cid, encode_copy(header))
+        if whole:  # a publisher's pending / stranded messages: one row each (a restarted replica passes them on)
+            inner.kv_delete_ns(f"rx/{cid}")
+            for key, entry in copy.stranded.items():
+                inner.kv_put(f"rx/{cid}", key, entry)
+        elif rep.op == OP_QOS2_ADD:
+            _pid, mark, entry = decode_qos2_add(rep.data)
+            if entry:
+                inner.kv_put(f"rx/{cid}", f"{mark:020d}/", entry)
+        elif rep.op == OP_STRANDED_ADD:
+            _mark, key, entry = decode_stranded_add(rep.data)
+            inner.kv_put(f"rx/{cid}", key, entry)
+        elif rep.op == OP_STRANDED_DEL:
+            inner.kv_delete(f"rx/{cid}", decode_text(rep.data))
         if whole:
             inner.kv_delete_ns(ns)
             for seq in copy.queue:

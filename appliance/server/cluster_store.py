@@ -82,6 +82,7 @@ class ClusterStore:
         self._unbound: dict[Wait, None] = {}  # waits registered since the last after_commit, in order
         self._capture: list[Wait] | None = None  # waits of the cluster-internal ack being prepared
         self._bound_before: set[Wait] | None = None  # client-ack waits pending when the capture began
+        self._tracks: list[list[Wait]] = []  # lists filled by track() with every wait registered meanwhile
 
     # -- waits ---------------------------------------------------------------------------------------------------
     def add_wait(self, peer: str, seq: int, kind: str) -> None:
@@ -92,6 +93,8 @@ class ClusterStore:
         self._unbound[key] = None
         if self._capture is not None:
             self._capture.append(key)
+        for tracked in self._tracks:
+            tracked.append(key)
 
     def chain_wait(self, old: Wait, new: Wait) -> None:
         """Whatever waits for `old` also waits for `new` (registered outside the FIFO's order)."""
@@ -102,6 +105,16 @@ class ClusterStore:
         for entry in gates:
             entry.pending[new[0]] = entry.pending.get(new[0], 0) + 1
             entry.gate.waiting.add(new[0])
+
+    def track(self) -> list[Wait]:
+        """A list that gets every wait registered (batched ones included, each time) until untrack(list)."""
+        tracked: list[Wait] = []
+        self._tracks.append(tracked)
+        return tracked
+
+    def untrack(self, tracked: list[Wait]) -> None:
+        """Stop filling a list returned by track()."""
+        self._tracks.remove(tracked)
 
     def begin_own_acks(self) -> None:
         """Start collecting the waits that the next after_own_acks callback must wait for."""

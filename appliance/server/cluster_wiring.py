@@ -41,7 +41,7 @@ from appliance.store import SqliteStore
 from .cluster_ingress import IngressGuard
 from .cluster_replication import QueueReplication
 from .cluster_sessions import HANDING, Lineage, SessionMigration, seq_key
-from .cluster_store import ClusterStore
+from .cluster_store import ClusterStore, Wait
 from .config import Config, parse_hostport
 
 if TYPE_CHECKING:
@@ -130,6 +130,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
                     for qv in kv.get(f"rq/{cid}", {}).values():
                         d = decode_delivery(qv)
                         copy.queue[d.seq] = d
+                    copy.stranded.update(kv.get(f"rx/{cid}", {}))
                     self.copies[cid] = copy
         committed = {k[len("cluster.fwd."):]: int(v) for k, v in meta.items() if k.startswith("cluster.fwd.")}
         callbacks = ClusterCallbacks(on_replicated=self._on_replicated, on_forward=self._on_forward,
@@ -269,8 +270,9 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             self._qos2_settle()
         return reached
 
-    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> None:
-        """Durably buffer and send one Forward; a QoS>0 one gates the next ack unless the policy lets it go."""
+    def _forward(self, node: str, message: Message, clients: tuple[str, ...]) -> list[Wait]:
+        """Durably buffer and send one Forward; a QoS>0 one gates the next ack unless the policy lets it go (the
+        waits it registered are returned)."""
         svc = self.svc
         if node not in svc.senders:
             svc.senders[node] = ForwardSender(node, next_seq=self._seq_base)
@@ -279,14 +281,17 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         if waiter is None:
             waiter = self._fwd_waiters[node] = lambda seq, _st: store.wait_done(node, seq, "f")
         fwd, frame = svc.forward_frame(node, message, clients, waiter)
+        waits: list[Wait] = []
         if message.qos:
             self.inner.kv_put(f"fwd/{node}", seq_key(fwd.seq), frame)
             if svc.links.is_up(node) or not self.c["allow_publish"]:
-                store.add_wait(node, fwd.seq, "f")
+                waits.append((node, fwd.seq, "f"))
             else:  # acknowledged with the target unreachable: its publisher's replicas keep it too
-                for replica, rep_seq in self._strand(node, fwd, frame):
-                    store.add_wait(replica, rep_seq, "r")
+                waits.extend((replica, rep_seq, "r") for replica, rep_seq in self._strand(node, fwd, frame))
+            for wait in waits:
+                store.add_wait(*wait)
         self._emit("forwarded", message=message, peer_node=node)
+        return waits
 
     def _refusal_while_split(self, allowed: bool) -> int | None:
         if allowed or not self.svc.membership.unreachable():
@@ -469,9 +474,13 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
                 if fwd.message.qos:
                     self.inner.kv_put(f"fwd/{old}", seq_key(fwd.seq), encode(fwd))
             if new == self.node_id:
+                tracked = self.store.track()
                 self._onward(fwd.message, self._deliver_here(fwd.message, (cid,)))
+                self.store.untrack(tracked)
             else:
-                self._forward(new, fwd.message, (cid,))
+                tracked = self._forward(new, fwd.message, (cid,))
+            for wait in tracked:  # what waited for it (a PUBREC, a pending QoS2 entry's release) waits for these
+                self.store.chain_wait((old, fwd.seq, "f"), wait)
             for waiter in waiters:
                 self.inner.after_commit(waiter, fwd.seq, 0)
 
