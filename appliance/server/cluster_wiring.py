@@ -74,6 +74,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self.claims: dict[str, SessionClaim] = {}
         self.copies: dict[str, ReplicaCopy] = {}  # replica copies of sessions owned by other nodes
         self.assigned: dict[str, list[str]] = {}  # local persistent session -> its replica nodes
+        self._moving: dict[str, tuple[dict[str, int], list[str]]] = {}  # placement moves awaiting their snapshots
         self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
         self._awaiting: dict[str, str] = {}  # client id -> old owner whose hand-over we await (claim ours, no session)

@@ -1,0 +1,64 @@
+"""A replica copy is dropped only once its successor holds the session (chaos seed 40041, a session lost). node2
+adopted sub1 by a hand-over while partitioned from node0, its first choice of replica: the copy went to node1 when
+node0's link dropped, and back to node0 when it returned, 1.1 s later. That move dropped node1's copy at once; the
+snapshot for node0 never arrived (node2 was isolated ~0.1 s after the link-up, its link to node1 lasted ~0.5 s
+longer and carried the drop). sub1, reconnecting to node0 on the majority side, found no copy: node1 answered "no
+session" and node0 had none, so it started a fresh session (57 acknowledged messages lost, the old owner's merge
+at the heal brought QoS2 duplicates). Now a copy on a live node that placement leaves stays fed until every new
+replica has acknowledged its snapshot, then gets OP_DROP.
+
+A real owner and replica (broker + SQLite + ClusterWiring) and a bare ClusterService peer on loopback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from appliance.broker.handover import adopt_session
+from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
+from appliance.cluster.membership import rendezvous
+from appliance.cluster.ownership import MIGRATED, OP_DROP, OP_SNAPSHOT, SessionClaim, encode_claim
+from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
+
+SUBS = {"t/#": SubscriptionOptions(qos=1)}
+
+
+def _message(msg_id: str) -> Message:
+    return Message(msg_id, "t/x", b"x", 1, False, "pub0", 1000.0)
+
+
+async def test_a_copy_left_by_placement_stays_until_the_new_replica_holds_the_snapshot(tmp_path: Path) -> None:
+    """na owns s, replicated on nc while nb (placement's first choice) is down. nb returns: placement moves to nb,
+    whose snapshot is not acknowledged yet (it never would be if na were cut off now). nc's copy must stay, and
+    keep getting s's writes, until nb acknowledges; then it is dropped. Before the fix nc got OP_DROP at once: a
+    resume while nb lacked the snapshot found no copy anywhere."""
+    cid = next(c for c in (f"s{n}" for n in range(100)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"))
+    nc = await start_node(tmp_path / "nc", "nc", ("na", "nb"))
+    nb = Peer("nb")  # acknowledges replica writes only when told
+    try:
+        owner, replica = wiring_of(na), wiring_of(nc)
+        await link(owner.svc, replica.svc)
+        owner.svc.put("sessions", cid, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(SUBS))))
+        adopt_session(na.broker, SessionRecord(cid, 3, 3600, subscriptions=dict(SUBS)), [], [])
+        owner._deliver_here(_message("m1"), (cid,))
+        await until(lambda: cid in replica.copies and len(replica.copies[cid].queue) == 1, "s's copy on nc")
+
+        await nb.svc.async_start()
+        await link(owner.svc, nb.svc)  # membership change: placement moves s to nb (rebalance)
+        await until(lambda: any(r.client_id == cid and r.op == OP_SNAPSHOT for _p, r in nb.replicated),
+                    "s's snapshot at nb")
+        owner._deliver_here(_message("m2"), (cid,))
+        await until(lambda: any(r.client_id == cid and r.op != OP_SNAPSHOT for _p, r in nb.replicated),
+                    "m2's write at nb")
+        await until(lambda: cid not in replica.copies or len(replica.copies[cid].queue) == 2, "m2's write at nc")
+        assert cid in replica.copies, "nc's copy of s was dropped before nb held the snapshot"
+
+        nb.ack_replicas()
+        await until(lambda: cid not in replica.copies, "nc's copy dropped once nb held s")
+        assert owner.assigned[cid] == ["nb"]
+        assert not any(r.client_id == cid and r.op == OP_DROP for _p, r in nb.replicated)
+    finally:
+        await nb.svc.async_stop()
+        await stop_node(nc)
+        await stop_node(na)
