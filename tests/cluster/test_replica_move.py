@@ -12,12 +12,15 @@ A real owner and replica (broker + SQLite + ClusterWiring) and a bare ClusterSer
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import MIGRATED, OP_DROP, OP_SNAPSHOT, SessionClaim, encode_claim
+from appliance.cluster.wire import SessionState, SessionTakeover
+from appliance.protocol.reason_codes import ReasonCode
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 
 SUBS = {"t/#": SubscriptionOptions(qos=1)}
@@ -62,3 +65,61 @@ async def test_a_copy_left_by_placement_stays_until_the_new_replica_holds_the_sn
         await nb.svc.async_stop()
         await stop_node(nc)
         await stop_node(na)
+
+
+async def _answer_no_session(peer: Peer, asker: str) -> None:
+    """The peer answers every takeover question "no session here" (it holds no copy), as node1 did in the run."""
+    answered = 0
+    while True:
+        questions = [m for m in peer.session_messages if isinstance(m, SessionTakeover)]
+        for question in questions[answered:]:
+            peer.svc.send(asker, SessionState(question.request_id, question.client_id, False, b""))
+        answered = len(questions)
+        await asyncio.sleep(0.02)
+
+
+async def test_a_session_resumes_from_the_left_copy_when_the_owner_is_cut_off_mid_move(tmp_path: Path) -> None:
+    """The run's sequence: placement moves s from nc to nb, the owner na is cut off before nb acknowledges the
+    snapshot, and s's client reconnects to nc (nb answers "no session"). nc resumes s from its copy with both queued
+    messages; before the fix that copy was dropped and s started fresh, empty (session present = 0)."""
+    cid = next(c for c in (f"s{n}" for n in range(100)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"))
+    nc = await start_node(tmp_path / "nc", "nc", ("na", "nb"))
+    nb = Peer("nb")
+    na_running = True
+    answering: asyncio.Task[None] | None = None
+    try:
+        owner, replica = wiring_of(na), wiring_of(nc)
+        await link(owner.svc, replica.svc)
+        owner.svc.put("sessions", cid, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(SUBS))))
+        adopt_session(na.broker, SessionRecord(cid, 3, 3600, subscriptions=dict(SUBS)), [], [])
+        owner._deliver_here(_message("m1"), (cid,))
+        await until(lambda: cid in replica.copies and len(replica.copies[cid].queue) == 1, "s's copy on nc")
+        await until(lambda: cid in replica.claims, "na's claim of s at nc")
+
+        await nb.svc.async_start()
+        await link(replica.svc, nb.svc)
+        answering = asyncio.get_running_loop().create_task(_answer_no_session(nb, "nc"))
+        await link(owner.svc, nb.svc)  # placement moves s to nb; nb never acknowledges the snapshot
+        await until(lambda: any(r.client_id == cid and r.op == OP_SNAPSHOT for _p, r in nb.replicated),
+                    "s's snapshot at nb")
+        owner._deliver_here(_message("m2"), (cid,))
+        await until(lambda: any(r.client_id == cid and r.op != OP_SNAPSHOT for _p, r in nb.replicated),
+                    "m2's write at nb")
+
+        await stop_node(na)  # cut off: the client reconnects to nc
+        na_running = False
+        await until(lambda: not replica.svc.links.is_up("na"), "na down at nc")
+        fetch = replica.prepare_connect(cid, False)
+        assert fetch is not None
+        assert await fetch == ReasonCode.SUCCESS
+        session = nc.broker.sessions.get(cid)
+        assert session is not None, "no copy to resume s from: the CONNECT starts a fresh session"
+        assert [d.message.msg_id for d in session.queue] == ["m1", "m2"]
+    finally:
+        if answering is not None:
+            answering.cancel()
+        await nb.svc.async_stop()
+        await stop_node(nc)
+        if na_running:
+            await stop_node(na)
