@@ -439,6 +439,10 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
                 if hands_over(claim, self.node_id, delivery.seq):  # the winner dedupes by message id
                     self._forward(claim.owner, delivery.message, (cid,))
         release_session(broker, cid, clean_start=False)
+        # The ids go with the session (the winner dedupes by its own memory): kept here, a forward handed to a winner
+        # that died, then retargeted into the session resumed here from a copy, was dropped as a second copy (chaos
+        # 40042, 185 acknowledged messages lost).
+        self._seen.pop(cid, None)
         self._emit("migrated", subscriber=cid, peer_node=claim.owner, reason="claim_lost")
 
     def _retarget(self, cid: str, old: str, new: str) -> None:

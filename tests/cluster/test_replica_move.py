@@ -18,8 +18,17 @@ from pathlib import Path
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
-from appliance.cluster.ownership import MIGRATED, OP_DROP, OP_SNAPSHOT, SessionClaim, encode_claim
-from appliance.cluster.wire import SessionState, SessionTakeover
+from appliance.cluster.ownership import (
+    FROM_REPLICA,
+    MIGRATED,
+    OP_DROP,
+    OP_SNAPSHOT,
+    SessionClaim,
+    encode_claim,
+    encode_snapshot,
+)
+from appliance.cluster.replicated import ReplicatedSpace
+from appliance.cluster.wire import Forward, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 
@@ -123,3 +132,45 @@ async def test_a_session_resumes_from_the_left_copy_when_the_owner_is_cut_off_mi
         await stop_node(nc)
         if na_running:
             await stop_node(na)
+
+
+class FrozenTarget(Peer):
+    """A peer that never acknowledges forwards (it dies with them in flight)."""
+
+    def _forward(self, peer: str, fwd: Forward) -> None:
+        self.received.append(fwd.message.msg_id)
+
+
+async def test_messages_handed_to_a_winner_that_died_reach_the_session_resumed_here(tmp_path: Path) -> None:
+    """Chaos seed 40042 (found re-running 40041): na, isolated, queued m1 for its session s while nb resumed s on
+    the majority side; at the heal na lost to nb's claim and handed m1 over on the forward stream. nb died before
+    acknowledging it, and na resumed s from its replica copy of nb's session: the forward buffered for nb follows
+    s here and must be queued. Before the fix na still remembered m1's id from the session it had lost and dropped
+    it as a second copy (185 acknowledged messages lost)."""
+    na = await start_node(tmp_path / "na", "na", ("nb",))
+    nb = FrozenTarget("nb")
+    nb.svc.spaces["sessions"] = ReplicatedSpace("sessions", "nb")  # nb claims s
+    try:
+        wiring = wiring_of(na)
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(SUBS))))
+        record = SessionRecord("s", 3, 3600, subscriptions=dict(SUBS))
+        adopt_session(na.broker, record, [], [])
+        wiring._deliver_here(_message("m1"), ("s",))  # queued while na was cut off
+
+        await nb.svc.async_start()
+        await link(wiring.svc, nb.svc)
+        nb.svc.put("sessions", "s", encode_claim(SessionClaim("nb", 2000.0, FROM_REPLICA, True, dict(SUBS))))
+        await until(lambda: "m1" in nb.received, "m1 handed to nb")
+        assert "s" not in na.broker.sessions
+        nb.svc.replicate("na", "s", OP_SNAPSHOT, encode_snapshot(2000.0, record, [], []))
+        await until(lambda: "s" in wiring.copies, "na's copy of nb's session")
+
+        await nb.svc.async_stop()  # nb dies with m1 unacknowledged
+        await until(lambda: not wiring.svc.links.is_up("nb"), "nb down at na")
+        fetch = wiring.prepare_connect("s", False)
+        assert fetch is not None
+        assert await fetch == ReasonCode.SUCCESS
+        assert [d.message.msg_id for d in na.broker.sessions["s"].queue] == ["m1"]
+    finally:
+        await nb.svc.async_stop()
+        await stop_node(na)
