@@ -5,7 +5,9 @@ snapshot for node0 never arrived (node2 was isolated ~0.1 s after the link-up, i
 longer and carried the drop). sub1, reconnecting to node0 on the majority side, found no copy: node1 answered "no
 session" and node0 had none, so it started a fresh session (57 acknowledged messages lost, the old owner's merge
 at the heal brought QoS2 duplicates). Now a copy on a live node that placement leaves stays fed until every new
-replica has acknowledged its snapshot, then gets OP_DROP.
+replica has acknowledged its snapshot, then gets OP_DROP. Also chaos seed 40042 (found re-running 40041): messages a
+losing node handed to the winner, which died before acknowledging them, were dropped from the session resumed there
+as second copies (the loser still remembered their ids).
 
 A real owner and replica (broker + SQLite + ClusterWiring) and a bare ClusterService peer on loopback.
 """
