@@ -51,6 +51,7 @@ class QueueReplication:
     _removes: dict[str, list[int]]
     _enqueues: dict[str, tuple[list[str], int, list[bytes]]]
     _batch_id: int
+    _moving: dict[str, tuple[dict[str, int], list[str]]]  # session -> (new replica -> snapshot seq, copies kept)
     _seen: dict[str, OrderedDict[str, None]]  # SessionMigration: ids of the messages queued per local session
     snapshot_extras: Callable[[str], tuple[int, dict[str, bytes]]]  # IngressGuard: mark and pending messages
 
@@ -113,6 +114,7 @@ class QueueReplication:
         if removes and cid in removes:
             self._replicate_removes(cid, removes.pop(cid))
         if op == OP_DROP:
+            self._moving.pop(cid, None)
             for peer in self.assigned.pop(cid, []):
                 self._replicate(peer, cid, OP_DROP, b"", False)
             return
@@ -192,16 +194,51 @@ class QueueReplication:
 
     def _replace(self, cid: str) -> list[str]:
         """Move one local session's replicas to its current placement (snapshots to new ones, OP_DROP to the ones
-        it leaves, sent to a node that is down once its link is back); return them."""
+        it leaves, sent to a node that is down once its link is back); return them. A copy it leaves on a live node
+        stays fed and is dropped only once every new replica holds its snapshot (chaos 40041: placement moved back
+        to a node whose link had just returned; the old copy was dropped at once, the snapshot never arrived (the
+        owner was isolated 0.1 s later) and the session resumed on the majority side found no copy: a fresh one)."""
         want = self._placement(cid)
         have = self.assigned.get(cid, [])
+        pending, _kept = self._moving.pop(cid, ({}, []))
+        pending = {peer: seq for peer, seq in pending.items() if peer in want}
         if want != have:
-            snapshot = self._snapshot(cid)
-            for peer in want:
-                if peer not in have:
-                    self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False)
+            new = [peer for peer in want if peer not in have]
+            if new:
+                snapshot = self._snapshot(cid)
+                for peer in new:
+                    pending[peer] = self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False,
+                                                    self._snapshot_waiter(cid, peer))
+            live = set(self._live()) if pending else set()
+            kept = [peer for peer in have if peer not in want and peer in live]
             for peer in have:
-                if peer not in want:  # a copy left behind keeps pending messages released later (chaos 30033)
-                    self._replicate(peer, cid, OP_DROP, b"", False)
-            self.assigned[cid] = want
+                if peer not in want and peer not in kept:  # a copy left behind keeps pending messages released
+                    self._replicate(peer, cid, OP_DROP, b"", False)  # later (chaos 30033)
+            if kept:
+                self._moving[cid] = (pending, kept)
+            self.assigned[cid] = want + kept
         return want
+
+    def _snapshot_waiter(self, cid: str, peer: str) -> OnAcked:
+        store = self.store
+
+        def acked(seq: int, status: int) -> None:
+            store.wait_done(peer, seq, "r")
+            self._snapshot_held(cid, peer, seq, status)
+        return acked
+
+    def _snapshot_held(self, cid: str, peer: str, seq: int, status: int) -> None:
+        """A new replica acknowledged its snapshot: once all have, the live copies placement left are dropped."""
+        move = self._moving.get(cid)
+        if status or move is None or move[0].get(peer) != seq:
+            return
+        pending, kept = move
+        del pending[peer]
+        if pending:
+            return
+        del self._moving[cid]
+        want = self._placement(cid)
+        leaving = [p for p in kept if p not in want and p in self.assigned.get(cid, [])]
+        for p in leaving:
+            self._replicate(p, cid, OP_DROP, b"", False)
+        self.assigned[cid] = [p for p in self.assigned.get(cid, []) if p not in leaving]
