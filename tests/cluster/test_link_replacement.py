@@ -28,13 +28,13 @@ def _enqueued(peer: Peer, cid: str) -> int:
     return sum(len(decode_raws(r.data)) for _p, r in peer.replicated if r.client_id == cid and r.op == OP_ENQUEUE_MANY)
 
 
-async def test_a_write_released_by_a_link_replacement_does_not_overtake_the_resend(tmp_path: Path) -> None:
+async def test_a_link_replacement_keeps_the_waits_on_the_peer_and_the_resend_first(tmp_path: Path) -> None:
     """na owns s, replicated to nr over a link nr dialled. nr stops reading it; m1 is enqueued (its replica write sits
-    unread), and a write of s waits for that replica ack (in the chaos run the CONNACK, whose pump replicates QoS2
-    SENT states). na dials nr: both keep the new link (dialled by the smaller id), nr drops the old one unread, na
-    reports nr down (the waits on nr are released: the write runs) then up (the buffer is resent). nr must end up
-    with m1's enqueue: before, the write went out on the new link ahead of the resend, and nr dropped m1 as a
-    duplicate."""
+    unread) and a write of s waits for nr's ack (in the chaos run the CONNACK, whose pump replicates QoS2 SENT
+    states). na dials nr: both keep the new link (dialled by the smaller id), nr drops the old one unread, na reports
+    nr down then up and resends m1 on the new link. The write waits until nr acknowledges m1: before, the down report
+    released it and it went out on the new link ahead of the resend; nr dropped m1 as a duplicate and acknowledged
+    it with the write."""
     node = await start_node(tmp_path / "na", "na", ("nr",))
     wiring = wiring_of(node)
     nr = Peer("nr")
@@ -60,22 +60,19 @@ async def test_a_write_released_by_a_link_replacement_does_not_overtake_the_rese
         wiring.store.after_commit(released)
         await until(lambda: any(r.op == OP_ENQUEUE_MANY for r in wiring.svc.replica_senders["nr"].resend()),
                     "m1's replica write sent on the old link")
-        await asyncio.sleep(0.2)
-        assert written == []  # nr has not acknowledged m1
 
         reader, writer = await wiring.svc.links._async_open("127.0.0.1", nr.svc.port)  # na dials nr
         new = _Connection(wiring.svc.links, reader, writer, initiator=True, expected_peer="nr")
         task = asyncio.get_running_loop().create_task(new.async_run())
-        await until(lambda: nr.svc.links._peers["na"].link is not old and written, "the link replaced at both ends")
-        await until(lambda: any(r.op == OP_SESSION for _p, r in nr.replicated if r.client_id == "s"),
-                    "the released write at nr")
+        await until(lambda: wiring.svc.links._peers["nr"].link is new, "the link replaced at na")
+        await until(lambda: _enqueued(nr, "s") == 1, "m1 resent to nr on the new link")
+        await asyncio.sleep(0.2)
+        assert written == []  # nr has not acknowledged m1 yet
 
-        def acked() -> bool:
-            nr.ack_replicas()
-            return wiring.svc.replica_senders["nr"].in_transit == 0
-
-        await until(acked, "nr acknowledging everything na sent")
-        assert _enqueued(nr, "s") == 1  # m1 reached the replica (its PUBACK had been released by the down report)
+        nr.ack_replicas()
+        await until(lambda: written == ["released"], "the write once nr acknowledged m1")
+        await until(lambda: any(r.op == OP_SESSION for _p, r in nr.replicated if r.client_id == "s"), "it at nr")
+        assert _enqueued(nr, "s") == 1
         task.cancel()
     finally:
         await nr.svc.async_stop()
