@@ -195,6 +195,8 @@ class _Peer:
     dialler: asyncio.Task[None] | None = None
     changed_at: float = 0.0
     wake: asyncio.Event | None = None
+    # while a replaced link is reported down: what is sent meanwhile, written after the up report (its stream resend)
+    deferred: list[ClusterMessage | bytes] | None = None
 
 
 class PeerLinks:
@@ -286,6 +288,9 @@ class PeerLinks:
         peer = self._peers.get(peer_id)
         if peer is None or peer.link is None or peer.link.core.state is not LinkState.OPEN:
             return False
+        if peer.deferred is not None:
+            peer.deferred.append(msg)
+            return True
         peer.link.send(msg)
         return True
 
@@ -294,6 +299,9 @@ class PeerLinks:
         peer = self._peers.get(peer_id)
         if peer is None or peer.link is None or peer.link.core.state is not LinkState.OPEN:
             return False
+        if peer.deferred is not None:
+            peer.deferred.append(frame)
+            return True
         peer.link.send_frame(frame)
         return True
 
@@ -414,15 +422,25 @@ class PeerLinks:
                 return False
             peer.link = conn
             old.abort()
+            # What the down callbacks send (acks they release run writes) goes out after the up callback's resend of
+            # what the old link lost: sent first on the new link, a stream write overtook that resend and the peer
+            # dropped the resend as released, then acknowledged it all (chaos seed 40071, messages lost).
+            peer.deferred = []
             self._fire_down(event.peer_id, "replaced by a newer connection")
         peer.link = conn
         peer.changed_at = time.monotonic()
         peer.wake.set()
         _LOG.info("cluster link to %s up (%s:%s)", event.peer_id, *conn.remote)
+        deferred, peer.deferred = peer.deferred, None
         try:
             self._on_up(event.peer_id)
         except Exception:
             _LOG.exception("on_up callback for %s failed", event.peer_id)
+        for item in deferred or ():  # stream writes among them are duplicates of the resend: the peer drops them
+            if isinstance(item, bytes):
+                conn.send_frame(item)
+            else:
+                conn.send(item)
         return True
 
     def _prefer(self, new: _Connection, old: _Connection) -> bool:

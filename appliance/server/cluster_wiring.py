@@ -573,12 +573,15 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         if not up:
             if self._fenced():
                 self._fence_subscribers()  # before the waits below release sends the replicas cannot know of
-            self._ingress_peer_down(peer)
-            if self.c["allow_publish"]:
-                self._strand_in_flight(peer)
-                self.store.peer_down(peer, "f")
-            self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once
-            self.store.peer_down(peer, "b")
+            if not self.svc.links.is_up(peer):  # else a replaced link: the streams are resent at once on the new one,
+                # whose acks what waits for the peer keeps waiting for (released here, a PUBACK went out before the
+                # replica held what the old link lost: chaos seed 40071)
+                self._ingress_peer_down(peer)
+                if self.c["allow_publish"]:
+                    self._strand_in_flight(peer)
+                    self.store.peer_down(peer, "f")
+                self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once
+                self.store.peer_down(peer, "b")
             for request_id, (future, asked, _clean) in list(self._requests.items()):
                 if asked == peer and not future.done():
                     future.set_result(None)

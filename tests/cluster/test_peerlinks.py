@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from appliance.cluster import wire
-from appliance.cluster.peerlinks import PeerLinks, mutual_tls_contexts
+from appliance.cluster.peerlinks import PeerLinks, _Connection, mutual_tls_contexts
 from tests.cluster.conftest import LOOP_BLOCK_LIMIT, _SlowCallbacks
 
 SECRET = b"loopback-secret"
@@ -192,6 +192,34 @@ async def test_restarted_peer_replaces_its_stale_link() -> None:
             await b2.until(lambda: b2.links.is_up("a"), "link from restarted b")
             await a.until(lambda: a.down, "stale link replaced")
             assert a.links._peers["b"].link.core.peer_incarnation == 2
+
+
+async def test_what_is_sent_while_a_replaced_link_is_reported_down_follows_the_up_report() -> None:
+    """b dialled a; then a dials b: both keep the new link (dialled by the smaller id), and a reports b down then up.
+    What a's down callback sends (an ack it released runs a write) reaches b after what the up callback sends (the
+    streams' resend of what the old link lost): sent first, a stream write overtook that resend and b dropped the
+    resend as released (chaos seed 40071). Meanwhile b counts as reachable (a replacement is no minority side)."""
+    a, b = Node("a"), Node("b")
+    up_during_down: list[bool] = []
+
+    def down(peer: str, reason: str) -> None:
+        up_during_down.append(a.links.is_up(peer))
+        a.links.async_send(peer, wire.ForwardAck(1))
+
+    def up(peer: str) -> None:
+        a.links.async_send(peer, wire.ForwardAck(2))
+
+    async with running(a, b):
+        b.links.async_add_peer("a", "127.0.0.1", a.links.port)
+        await a.until(lambda: a.links.is_up("b"), "link dialled by b")
+        a.links._on_down, a.links._on_up = down, up
+        reader, writer = await a.links._async_open("127.0.0.1", b.links.port)
+        conn = _Connection(a.links, reader, writer, initiator=True, expected_peer="b")
+        task = asyncio.get_running_loop().create_task(conn.async_run())
+        await b.until(lambda: len(b.messages) == 2, "both messages at b")
+        assert b.messages == [("a", wire.ForwardAck(2)), ("a", wire.ForwardAck(1))]
+        assert up_during_down == [True]
+        task.cancel()
 
 
 class FrozenNode:
