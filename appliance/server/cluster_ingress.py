@@ -275,7 +275,11 @@ class IngressGuard:
             return []
         if pub not in self.assigned:
             self._session_op(pub, OP_SESSION, b"", False)  # placement and a first snapshot
-        peers = [p for p in self.assigned.get(pub, []) if self.svc.links.is_up(p)]
+        links = self.svc.links
+        peers = [p for p in self.assigned.get(pub, []) if links.is_up(p)]
+        if not peers and any(links.is_up(p) for p in self._placement(pub)):
+            # its replicas are down (the target itself, chaos 30625): re-place them now, the snapshot ahead of this
+            peers = [p for p in self._replace(pub) if links.is_up(p)]
         if not peers:
             return []
         mark = self.next_mark()

@@ -17,6 +17,7 @@ import pytest
 
 from appliance.broker.broker import BrokerError
 from appliance.broker.model import SubscriptionOptions
+from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import FRESH, SessionClaim, encode_claim
 from appliance.protocol.packets import MQTT_5, Connect, Properties, Puback, Publish, Pubrec
 from appliance.protocol.reason_codes import ReasonCode
@@ -135,3 +136,40 @@ async def test_an_ack_in_flight_when_the_node_becomes_a_minority_waits_for_the_t
         await back.svc.async_stop()
         await stop_node(na)
 
+
+
+async def test_a_stranded_message_goes_to_a_reachable_replica_when_the_publishers_was_on_the_down_node(
+        tmp_path: Path) -> None:
+    """The re-run of seed 30625: node0 got a majority back (node2 returned) while node1 stayed down; the acks held
+    for node1's forwards were released by stranding them on pub0's replicas, but pub0's replica was node1 itself:
+    on node0's disk alone again, and node0 was killed before node1 returned. Here nb holds s and pub's replica and
+    goes down while nc stays up: the stranded message must reach pub's new replica (nc) before the PUBACK. Before
+    the fix the PUBACK went out at once."""
+    pub_id = next(c for c in (f"pub{n}" for n in range(50)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
+    nb, nc = Peer("nb"), Peer("nc")
+    at_nb: list[str] = []
+    nb.svc.cb.on_forward = lambda _p, fwd: at_nb.append(fwd.message.msg_id)  # received, never committed
+    wiring = wiring_of(na)
+    try:
+        for peer in (nb, nc):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        _claim_remote(na, "s", "nb")
+        pub = _connect(na, pub_id)
+        await _with_replicas((nb, nc), lambda: pub.sent, "pub's CONNACK")
+        assert wiring.assigned[pub_id] == ["nb"]
+        na.broker.handle(na.broker.sessions[pub_id], pub, Publish("t/x", b"m1", 1, packet_id=1))
+        await until(lambda: at_nb, "m1 at nb")
+        await nb.svc.async_stop()
+        await until(lambda: not wiring.svc.links.is_up("nb"), "nb down")
+        await until(lambda: [r for _p, r in nc.replicated if r.client_id == pub_id], "pub re-replicated to nc")
+        await asyncio.sleep(0.2)
+        assert _acks(pub) == []  # m1 is on na's disk only until nc acknowledges
+        held = [r for _p, r in nc.replicated if r.client_id == pub_id]
+        assert any(at_nb[0].encode() in r.data for r in held)  # the snapshot or the stranded entry carries m1
+        await _with_replicas((nc,), lambda: _acks(pub), "m1's PUBACK once nc holds it")
+        assert _acks(pub) == [(1, ReasonCode.SUCCESS)]
+    finally:
+        await nc.svc.async_stop()
+        await stop_node(na)
