@@ -118,7 +118,7 @@ class IngressGuard:
             return self._replace(cid)
         return self.assigned.get(cid, [])
 
-    def _replace(self, cid: str) -> list[str]:
+    def _replace(self, cid: str, sent: list[tuple[str, int]] | None = None) -> list[str]:
         """Move a local session's replicas to its current placement (ClusterWiring)."""
         raise NotImplementedError
 
@@ -379,17 +379,39 @@ class IngressGuard:
         return None
 
     def _release_for_down(self, peer: str) -> None:
-        """allow_publish = true, `peer` is down: the client acks waiting for its forwards go out once the
-        publisher's replicas hold them. Not on a minority side: with the replicas unreachable too, they would
-        rest on this disk only; they wait for the peer's ack (the forwards stay buffered, resent at link-up) or
+        """`peer` is down: the acks waiting for its replica writes go out (the queue copies are rebuilt on the
+        remaining nodes at once) and, with allow_publish = true, those waiting for its forwards once the
+        publisher's replicas hold them. Not on a minority side: with the other replicas unreachable too, they would
+        rest on this disk only (chaos 30625); they wait for the peer's acks (both streams are resent at link-up) or
         until this node reaches half of the members again."""
         if not self._reaches_half():
             if peer not in self._held_down:
                 log.warning("minority side: acks waiting for %s stay held until it or a majority is back", peer)
             self._held_down.add(peer)
             return
-        self._strand_in_flight(peer)
-        self.store.peer_down(peer, "f")
+        if self.c["allow_publish"]:
+            self._strand_in_flight(peer)
+            self.store.peer_down(peer, "f")
+        self._rebuild_for(peer)
+        self.store.peer_down(peer, "r")
+        self.store.peer_down(peer, "b")
+
+    def _rebuild_for(self, peer: str) -> None:
+        """The acks waiting for replica writes to `peer` (down) wait for a snapshot of those sessions on their new
+        reachable replicas instead: released alone, they rested on this disk only until the next rebalance
+        (chaos 30625 re-run: the write was a local subscriber's enqueue, the node died before the rebalance)."""
+        store, broker, sender = self.store, self.broker, self.svc.replica_senders.get(peer)
+        waits = store.open_waits(peer, "rb")
+        if not waits or broker is None or sender is None or self.r < 2:
+            return
+        links, sent = self.svc.links, list[tuple[str, int]]()
+        for cid in dict.fromkeys(rep.client_id for rep in sender.resend()):
+            session = broker.sessions.get(cid)
+            if session is not None and session.persistent and any(links.is_up(p) for p in self._placement(cid)):
+                self._replace(cid, sent)
+        for key in waits:
+            for replica, seq in sent:
+                store.chain_wait(key, (replica, seq, "r"))
 
     def _release_held(self, peer: str) -> None:
         """`peer` is back: once half of the members are reachable, the policy applies to those still down."""

@@ -190,16 +190,19 @@ class QueueReplication:
             if session.persistent:
                 self._replace(cid)
 
-    def _replace(self, cid: str) -> list[str]:
+    def _replace(self, cid: str, sent: list[tuple[str, int]] | None = None) -> list[str]:
         """Move one local session's replicas to its current placement (snapshots to new ones, OP_DROP to the ones
-        it leaves, sent to a node that is down once its link is back); return them."""
+        it leaves, sent to a node that is down once its link is back); return them. `sent` collects the
+        (replica, seq) of the snapshots."""
         want = self._placement(cid)
         have = self.assigned.get(cid, [])
         if want != have:
             snapshot = self._snapshot(cid)
             for peer in want:
                 if peer not in have:
-                    self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False)
+                    seq = self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False)
+                    if sent is not None:
+                        sent.append((peer, seq))
             for peer in have:
                 if peer not in want:  # a copy left behind keeps pending messages released later (chaos 30033)
                     self._replicate(peer, cid, OP_DROP, b"", False)

@@ -103,6 +103,10 @@ class ClusterStore:
             entry.pending[new[0]] = entry.pending.get(new[0], 0) + 1
             entry.gate.waiting.add(new[0])
 
+    def open_waits(self, peer: str, kinds: str) -> list[Wait]:
+        """The outstanding waits on `peer` of the given stream kinds that gate a callback."""
+        return [k for k, gates in self._open.items() if k[0] == peer and k[2] in kinds and gates]
+
     def begin_own_acks(self) -> None:
         """Start collecting the waits that the next after_own_acks callback must wait for."""
         self._capture = []

@@ -543,10 +543,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             if self._fenced():
                 self._fence_subscribers()  # before the waits below release sends the replicas cannot know of
             self._ingress_peer_down(peer)
-            if self.c["allow_publish"]:
-                self._release_for_down(peer)
-            self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once
-            self.store.peer_down(peer, "b")
+            self._release_for_down(peer)
             for request_id, (future, asked, _clean) in list(self._requests.items()):
                 if asked == peer and not future.done():
                     future.set_result(None)

@@ -19,7 +19,17 @@ from appliance.broker.broker import BrokerError
 from appliance.broker.model import SubscriptionOptions
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import FRESH, SessionClaim, encode_claim
-from appliance.protocol.packets import MQTT_5, Connect, Properties, Puback, Publish, Pubrec
+from appliance.protocol.packets import (
+    MQTT_5,
+    Connect,
+    Properties,
+    Puback,
+    Publish,
+    Pubrec,
+    Suback,
+    Subscribe,
+    SubscriptionRequest,
+)
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.node import Node
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
@@ -169,6 +179,43 @@ async def test_a_stranded_message_goes_to_a_reachable_replica_when_the_publisher
         held = [r for _p, r in nc.replicated if r.client_id == pub_id]
         assert any(at_nb[0].encode() in r.data for r in held)  # the snapshot or the stranded entry carries m1
         await _with_replicas((nc,), lambda: _acks(pub), "m1's PUBACK once nc holds it")
+        assert _acks(pub) == [(1, ReasonCode.SUCCESS)]
+    finally:
+        await nc.svc.async_stop()
+        await stop_node(na)
+
+
+async def test_an_enqueue_whose_replica_goes_down_waits_for_the_sessions_new_replica(tmp_path: Path) -> None:
+    """A second re-run of seed 30625: node0, back to a majority, released the acks that waited for an enqueue of
+    its own subscriber sub0 to sub0's replica (node2, still down); the queue copy was to be rebuilt on node1 by the
+    next rebalance, but node0 was killed first and sub0, resumed on node2, got the messages after newer ones. Here
+    s (local to na) has its replica on nb, which goes down while nc stays up: the PUBACK waits for s's snapshot on
+    nc. Before the fix it went out at nb's peer-down."""
+    sub_id = next(c for c in (f"sub{n}" for n in range(50)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
+    nb, nc = Peer("nb"), Peer("nc")
+    wiring = wiring_of(na)
+    try:
+        for peer in (nb, nc):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        sub = _connect(na, sub_id)
+        await _with_replicas((nb, nc), lambda: sub.sent, "sub's CONNACK")
+        na.broker.handle(na.broker.sessions[sub_id], sub, Subscribe(1, [SubscriptionRequest("t/#", 1)]))
+        await _with_replicas((nb, nc), lambda: any(isinstance(p, Suback) for p in sub.sent), "sub's SUBACK")
+        assert wiring.assigned[sub_id] == ["nb"]
+        na.broker.connection_lost(na.broker.sessions[sub_id], sub)  # offline: m1 stays queued
+        pub = _connect(na, "pub", version=4)  # a clean 3.1.1 publisher: no replicas of its own
+        await until(lambda: pub.sent, "pub's CONNACK")
+        seen = len(nb.replicated)
+        na.broker.handle(na.broker.sessions["pub"], pub, Publish("t/x", b"m1", 1, packet_id=1))
+        await until(lambda: len(nb.replicated) > seen, "m1's enqueue at nb (never acknowledged)")
+        await nb.svc.async_stop()
+        await until(lambda: not wiring.svc.links.is_up("nb"), "nb down")
+        await until(lambda: [r for _p, r in nc.replicated if r.client_id == sub_id], "s re-replicated to nc")
+        await asyncio.sleep(0.2)
+        assert _acks(pub) == []  # m1 is in s's queue on na's disk only until nc acknowledges the snapshot
+        await _with_replicas((nc,), lambda: _acks(pub), "m1's PUBACK once nc holds s")
         assert _acks(pub) == [(1, ReasonCode.SUCCESS)]
     finally:
         await nc.svc.async_stop()
