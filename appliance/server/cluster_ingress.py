@@ -39,6 +39,7 @@ from appliance.cluster.ownership import (
     keeps_forward,
 )
 from appliance.cluster.wire import Forward, decode_body, encode
+from appliance.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from appliance.broker.broker import Broker
@@ -98,6 +99,7 @@ class IngressGuard:
         self._restored_q2: dict[str, tuple[str, str]] = {}  # tag key -> (publisher, msg id)
         self._restored_str: dict[str, tuple[str, str]] = {}  # tag key -> (publisher, stranded key)
         self._reconciled: asyncio.Event | None = None
+        self._held_down: set[str] = set()  # peers gone while on a minority side: their acks wait (chaos 30625)
 
     def next_mark(self) -> int:
         """The next ingress mark of this node."""
@@ -116,7 +118,7 @@ class IngressGuard:
             return self._replace(cid)
         return self.assigned.get(cid, [])
 
-    def _replace(self, cid: str) -> list[str]:
+    def _replace(self, cid: str, sent: list[tuple[str, int]] | None = None) -> list[str]:
         """Move a local session's replicas to its current placement (ClusterWiring)."""
         raise NotImplementedError
 
@@ -291,7 +293,11 @@ class IngressGuard:
             return []
         if pub not in self.assigned:
             self._session_op(pub, OP_SESSION, b"", False)  # placement and a first snapshot
-        peers = [p for p in self.assigned.get(pub, []) if self.svc.links.is_up(p)]
+        links = self.svc.links
+        peers = [p for p in self.assigned.get(pub, []) if links.is_up(p)]
+        if not peers and any(links.is_up(p) for p in self._placement(pub)):
+            # its replicas are down (the target itself, chaos 30625): re-place them now, the snapshot ahead of this
+            peers = [p for p in self._replace(pub) if links.is_up(p)]
         if not peers:
             return []
         mark = self.next_mark()
@@ -360,6 +366,80 @@ class IngressGuard:
             for node, clients in self._targets(message).items():
                 self._forward(node, message, tuple(clients))
         return passed
+
+    # -- minority side (chaos seed 30625) -----------------------------------------------------------------------
+    def _reaches_half(self) -> bool:
+        """At least half of the known members reachable lately (SessionMigration)."""
+        raise NotImplementedError
+
+    def _replica_reachable(self, cid: str) -> bool:
+        links = self.svc.links
+        return any(links.is_up(p) for p in self.assigned.get(cid, ()))
+
+    def minority_refusal(self, message: Message) -> int | None:
+        """On a minority side, whatever allow_publish / under_replicated say: a QoS>0 message that only this disk
+        would keep for a persistent session (its node unreachable and no reachable replica of the publisher to
+        strand it on; or a local session without a reachable replica) is refused, v5 0x83 / 3.1.1 close: the
+        majority may resume those sessions meanwhile, and it would reach them after the heal, behind newer ones."""
+        if not self.svc.membership.unreachable() or self._reaches_half():
+            return None
+        links = self.svc.links
+        pub = message.publisher
+        if any(not links.is_up(node) for node in self._targets(message)) and not self._replica_reachable(pub):
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        broker = self.broker
+        if broker is not None:
+            for cid, _filter, opts in broker.router.tree.match(message.topic).subscribers:
+                session = broker.sessions.get(cid)
+                if (session is not None and session.persistent and not (opts.no_local and cid == pub)
+                        and not self._replica_reachable(cid)):
+                    return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        return None
+
+    def _release_for_down(self, peer: str) -> None:
+        """`peer` is down: the acks waiting for its replica writes go out (the queue copies are rebuilt on the
+        remaining nodes at once) and, with allow_publish = true, those waiting for its forwards once the
+        publisher's replicas hold them. Not on a minority side: with the other replicas unreachable too, they would
+        rest on this disk only (chaos 30625); they wait for the peer's acks (both streams are resent at link-up) or
+        until this node reaches half of the members again."""
+        if not self._reaches_half():
+            if peer not in self._held_down:
+                log.warning("minority side: acks waiting for %s stay held until it or a majority is back", peer)
+            self._held_down.add(peer)
+            return
+        if self.c["allow_publish"]:
+            self._strand_in_flight(peer)
+            self.store.peer_down(peer, "f")
+        self._rebuild_for(peer)
+        self.store.peer_down(peer, "r")
+        self.store.peer_down(peer, "b")
+
+    def _rebuild_for(self, peer: str) -> None:
+        """The acks waiting for replica writes to `peer` (down) wait for a snapshot of those sessions on their new
+        reachable replicas instead: released alone, they rested on this disk only until the next rebalance
+        (chaos 30625 re-run: the write was a local subscriber's enqueue, the node died before the rebalance)."""
+        store, broker, sender = self.store, self.broker, self.svc.replica_senders.get(peer)
+        waits = store.open_waits(peer, "rb")
+        if not waits or broker is None or sender is None or self.r < 2:
+            return
+        links, sent = self.svc.links, list[tuple[str, int]]()
+        for cid in dict.fromkeys(rep.client_id for rep in sender.resend()):
+            session = broker.sessions.get(cid)
+            if session is not None and session.persistent and any(links.is_up(p) for p in self._placement(cid)):
+                self._replace(cid, sent)
+        for key in waits:
+            for replica, seq in sent:
+                store.chain_wait(key, (replica, seq, "r"))
+
+    def _release_held(self, peer: str) -> None:
+        """`peer` is back: once half of the members are reachable, the policy applies to those still down."""
+        self._held_down.discard(peer)
+        if self._held_down and self._reaches_half():
+            held, self._held_down = self._held_down, set()
+            links = self.svc.links
+            for other in sorted(held):
+                if not links.is_up(other):
+                    self._release_for_down(other)
 
     # -- restart ---------------------------------------------------------------------------------------------------
     def restore_ingress(self, kv: dict[str, dict[str, bytes]]) -> None:

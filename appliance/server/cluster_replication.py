@@ -192,12 +192,13 @@ class QueueReplication:
             if session.persistent:
                 self._replace(cid)
 
-    def _replace(self, cid: str) -> list[str]:
+    def _replace(self, cid: str, sent: list[tuple[str, int]] | None = None) -> list[str]:
         """Move one local session's replicas to its current placement (snapshots to new ones, OP_DROP to the ones
         it leaves, sent to a node that is down once its link is back); return them. A copy it leaves on a live node
         stays fed and is dropped only once every new replica holds its snapshot (chaos 40041: placement moved back
         to a node whose link had just returned; the old copy was dropped at once, the snapshot never arrived (the
-        owner was isolated 0.1 s later) and the session resumed on the majority side found no copy: a fresh one)."""
+        owner was isolated 0.1 s later) and the session resumed on the majority side found no copy: a fresh one).
+        `sent` collects the (replica, seq) of the snapshots."""
         want = self._placement(cid)
         have = self.assigned.get(cid, [])
         pending, _kept = self._moving.pop(cid, ({}, []))
@@ -209,6 +210,8 @@ class QueueReplication:
                 for peer in new:
                     pending[peer] = self._replicate(peer, cid, OP_SNAPSHOT, snapshot, False,
                                                     self._snapshot_waiter(cid, peer))
+                    if sent is not None:
+                        sent.append((peer, pending[peer]))
             live = set(self._live()) if pending else set()
             kept = [peer for peer in have if peer not in want and peer in live]
             for peer in have:

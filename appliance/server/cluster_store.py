@@ -116,6 +116,10 @@ class ClusterStore:
         """Stop filling a list returned by track()."""
         self._tracks.remove(tracked)
 
+    def open_waits(self, peer: str, kinds: str) -> list[Wait]:
+        """The outstanding waits on `peer` of the given stream kinds that gate a callback."""
+        return [k for k, gates in self._open.items() if k[0] == peer and k[2] in kinds and gates]
+
     def begin_own_acks(self) -> None:
         """Start collecting the waits that the next after_own_acks callback must wait for."""
         self._capture = []

@@ -223,14 +223,15 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         return by_node
 
     def publish_refusal(self, message: Message) -> int | None:
-        """allow_publish = false: refuse while a target node is down; under_replicated = refuse: while < R live."""
+        """allow_publish = false: refuse while a target node is down; under_replicated = refuse: while < R live;
+        and on a minority side what this disk alone would keep (minority_refusal)."""
         if not self.c["allow_publish"]:
             links = self.svc.links
             if any(not links.is_up(node) for node in self._targets(message)):
                 return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
         if self.c["under_replicated"] == "refuse" and self.r > 1 and len(self._live()) < self.r:
             return ReasonCode.QUOTA_EXCEEDED
-        return None
+        return self.minority_refusal(message)
 
     def remote_shared(self, topic: str) -> list[tuple[str, str, dict[str, bool]]]:
         """Shared groups with members owned by other nodes that match `topic`, each with its node's reachability."""
@@ -570,6 +571,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         if up:
             self._ups[peer] = self._ups.get(peer, 0) + 1
             self._resend_handovers(peer)
+            self._release_held(peer)
         if not up:
             if self._fenced():
                 self._fence_subscribers()  # before the waits below release sends the replicas cannot know of
@@ -577,11 +579,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
                 # whose acks what waits for the peer keeps waiting for (released here, a PUBACK went out before the
                 # replica held what the old link lost: chaos seed 40071)
                 self._ingress_peer_down(peer)
-                if self.c["allow_publish"]:
-                    self._strand_in_flight(peer)
-                    self.store.peer_down(peer, "f")
-                self.store.peer_down(peer, "r")  # queue copies are rebuilt on the remaining nodes at once
-                self.store.peer_down(peer, "b")
+                self._release_for_down(peer)
             for request_id, (future, asked, _clean) in list(self._requests.items()):
                 if asked == peer and not future.done():
                     future.set_result(None)

@@ -156,7 +156,10 @@ class Publisher:
         return Publish(self.topic, payload_for(self.id, m.seq), m.qos, False, dup, pid, props)
 
     def _on_ack(self, packet: Any) -> None:
-        """Record PUBACK / PUBREC / PUBCOMP; answer PUBREC with PUBREL."""
+        """Record PUBACK / PUBREC / PUBCOMP; answer PUBREC with PUBREL. A refusal (error reason code: a netsplit
+        policy, a minority side) ends the message under its sequence number, never resent under it: the checker
+        counts it refused and flags its delivery as unexpected; what the publisher sends next takes the next
+        numbers, so its stream stays in order. (3.1.1 would close the connection: resent in order, DUP.)"""
         m = self.inflight.get(packet.packet_id)
         if m is None:
             return
