@@ -292,7 +292,7 @@ class ClusterService:
     def hold(self, peer: str, buffered: bool = False) -> int:
         """Forwards submitted to the peer from now on (with `buffered`, those buffered already too) stay unsent until
         release(peer, token) of every hold that covers them; return the token. Replica operations are not held
-        (holding them could make two holds wait for each other's release)."""
+        (placed before the operation it waits for, that could make two holds wait for each other: hold_replicas)."""
         self._hold_seq += 1
         sender = self.senders.get(peer)
         first = 0 if buffered or sender is None else sender.next_seq
