@@ -130,7 +130,8 @@ class ClusterService:
         self.discovery: Discovery | None = None
         # Held streams: Forward / Replicate frames to a held peer ("*": every peer) stay buffered, unsent, until
         # released (a QoS2 packet id not yet on its replica; a restarted node reconciling its durable forwards).
-        self._barriers: dict[str, list[list[int]]] = {}  # peer -> holds in order: [token, first forward seq held]
+        # peer -> holds in order: [token, first forward seq held, 1 if a replica hold (then the seq is that stream's)]
+        self._barriers: dict[str, list[list[int]]] = {}
         self._hold_seq = 0
         self._hold_all = False
         self._unsent: dict[tuple[str, str], int] = {}  # (peer, "f" / "r") -> first seq held back, not yet sent
@@ -272,9 +273,9 @@ class ClusterService:
         if self._hold_all:
             return 0
         barriers = self._barriers.get(peer)
-        if not barriers or kind != "f":  # replica streams are never held by hold(): they carry what releases it
-            return None
-        return min(barrier[1] for barrier in barriers)
+        wanted = 1 if kind == "r" else 0  # hold() never covers replica streams: they carry what releases it
+        firsts = [barrier[1] for barrier in barriers or () if barrier[2] == wanted]
+        return min(firsts) if firsts else None
 
     def _defer_or_send(self, peer: str, kind: str, msg: ClusterMessage, seq: int, frame: bytes | None) -> None:
         limit = self._limit(peer, kind) if (self._hold_all or self._barriers) else None
@@ -291,11 +292,21 @@ class ClusterService:
     def hold(self, peer: str, buffered: bool = False) -> int:
         """Forwards submitted to the peer from now on (with `buffered`, those buffered already too) stay unsent until
         release(peer, token) of every hold that covers them; return the token. Replica operations are not held
-        (holding them could make two holds wait for each other's release)."""
+        (placed before the operation it waits for, that could make two holds wait for each other: hold_replicas)."""
         self._hold_seq += 1
         sender = self.senders.get(peer)
         first = 0 if buffered or sender is None else sender.next_seq
-        self._barriers.setdefault(peer, []).append([self._hold_seq, first])
+        self._barriers.setdefault(peer, []).append([self._hold_seq, first, 0])
+        return self._hold_seq
+
+    def hold_replicas(self, peer: str) -> int:
+        """Replica operations submitted to the peer from now on stay unsent until release(peer, token); return the
+        token. Only for operations that must not precede another peer's acknowledgement: a hold placed after the
+        operation it waits for was submitted never waits for a later one (holds cannot wait for each other)."""
+        self._hold_seq += 1
+        sender = self.replica_senders.get(peer)
+        first = 0 if sender is None else sender.next_seq
+        self._barriers.setdefault(peer, []).append([self._hold_seq, first, 1])
         return self._hold_seq
 
     def release(self, peer: str, token: int) -> None:

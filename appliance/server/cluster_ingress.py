@@ -145,12 +145,20 @@ class IngressGuard:
     def _send_qos2(self, cid: str, mark: int, data: bytes, holds: list[tuple[str, int]]) -> None:
         """OP_QOS2_ADD to the session's replicas; the holds end once every reachable one acknowledged it (or, at
         the latest, after failure_timeout: a replica that slow is about to be declared down anyway)."""
-        peers = [p for p in self.assigned.get(cid, []) if self.svc.links.is_up(p)]
+        svc = self.svc
+        replicas = self.assigned.get(cid, [])
+        peers = [p for p in replicas if svc.links.is_up(p)]
         self._unconfirmed[mark] = [cid, set(peers), holds]
+        for peer in replicas:
+            self._replicate(peer, cid, OP_QOS2_ADD, data, True, self._q2_waiter(peer, mark))
+        if peers:
+            # Local subscribers' replicas elsewhere wait too: one that learnt the message (the owner killed before
+            # the publisher's replicas had the id) resumed a session with it while the publisher's resend was routed
+            # as new (chaos 41004, a QoS2 duplicate). Placed after the id went out: holds never wait for each other.
+            others = [p for p in svc.membership.all() if p != self.node_id and p not in replicas]
+            holds += [(p, svc.hold_replicas(p)) for p in others]
         if holds:
             asyncio.get_running_loop().call_later(self.c["failure_timeout"], self._q2_expire, mark)
-        for peer in self.assigned.get(cid, []):
-            self._replicate(peer, cid, OP_QOS2_ADD, data, True, self._q2_waiter(peer, mark))
         if not peers:
             self._q2_acked(mark, "")
 

@@ -377,6 +377,12 @@ class SessionMigration:
             for peer in let_go:  # they need not hold their forwards to the owner for us any longer
                 self.svc.send(peer, SessionDone(asks[peer], cid))
             return ReasonCode.SERVER_UNAVAILABLE
+        if not candidates:
+            # Nothing reachable holds the session (no replica copy, no unconfirmed hand-over): the client gets a
+            # fresh one (session present = 0); what the owner had queued stays there until it returns (chaos 41027:
+            # this went unlogged and made the diagnosis slow).
+            log.warning("session %s: owner %s unreachable and no copy here or at %s: starting it fresh", cid, owner,
+                        ", ".join(sorted(peers)) or "no other peer")
         if candidates:
             best = freshest(candidates)
             assert self.broker is not None

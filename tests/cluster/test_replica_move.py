@@ -15,7 +15,10 @@ A real owner and replica (broker + SQLite + ClusterWiring) and a bare ClusterSer
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+
+import pytest
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
@@ -176,3 +179,31 @@ async def test_messages_handed_to_a_winner_that_died_reach_the_session_resumed_h
     finally:
         await nb.svc.async_stop()
         await stop_node(na)
+
+
+async def test_a_session_started_fresh_for_want_of_a_copy_is_logged(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Chaos seed 41027 (the 40041 race: sub2's copy left by placement was dropped at once, the new replica never
+    held the snapshot, the owner was killed): the node the client reconnected to found no copy and started the
+    session fresh without a word, which made the run slow to diagnose. Now it warns, naming the peers it asked."""
+    nc = await start_node(tmp_path / "nc", "nc", ("na", "nb"))
+    nb = Peer("nb")
+    answering: asyncio.Task[None] | None = None
+    try:
+        wiring = wiring_of(nc)
+        await nb.svc.async_start()
+        await link(wiring.svc, nb.svc)
+        answering = asyncio.get_running_loop().create_task(_answer_no_session(nb, "nc"))
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(SUBS))))
+        fetch = wiring.prepare_connect("s", False)
+        assert fetch is not None
+        with caplog.at_level(logging.WARNING, logger="appliance.cluster"):
+            assert await fetch == ReasonCode.SUCCESS
+        assert "s" not in nc.broker.sessions  # the CONNECT goes on with a fresh session
+        assert any("session s: owner na unreachable and no copy here or at nb: starting it fresh" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        if answering is not None:
+            answering.cancel()
+        await nb.svc.async_stop()
+        await stop_node(nc)

@@ -1,0 +1,85 @@
+"""A QoS2 message reaches a local subscriber's replica before its publisher's replica holds the packet id (chaos seed
+41004, f72f6df batch, 2 QoS2 duplicates; the "local subscriber's replica" limit of the pending-messages notes).
+
+node0 owned pub2 (replica node1) and sub1 (replica node2), both local. node1 had just been isolated: its link
+expired at 21:56:58.506, came back at 58.520 and node0 resent ~2 s of buffered forwards and replica operations on it;
+the re-replication of pub2 at the link drop (to node2) was moved back to node1 by the rebalance at ~58.71. pub2's
+QoS2 #110 and #111 arrived at node0 at ~59.04 (client clock 5.31): node0 stored the packet ids (OP_QOS2_ADD to
+node1) and queued both for sub1, whose replica write and outbound SENT state (packet ids 445, 446) reached node2.
+node0 was SIGKILLed ~50 ms later (peers: reset at 59.097/59.098); node1 had not applied the packet ids (its reads
+lagged the resend backlog; the reset discards unread bytes). node1 resumed pub2 "from a replica (0 queued, 0 stranded
+passed on)" at 59.420 and routed pub2's DUP resend of #110/#111 as new (new message ids); node2 resumed sub1 at
+59.462 with #110/#111 in flight: sub1 got them with DUP (pids 445/446, 5.759) and again as new (pids 21/22, 5.786).
+
+The forwards of a QoS2 message waited for its publisher's replicas (the QoS2 barrier); the local sessions' replica
+writes did not (replica streams were never held: two publishers with different replicas would hold each other's
+packet ids back). Now the replica streams to the other peers are held too, from just after the packet id went out
+(a hold never covers the operation another hold waits for).
+
+Real node (broker + SQLite + ClusterWiring) and bare ClusterService peers on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from appliance.broker.handover import adopt_session
+from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
+from appliance.cluster.membership import rendezvous
+from appliance.cluster.ownership import MIGRATED, OP_SNAPSHOT, SessionClaim, encode_claim
+from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
+
+SUBS = {"t/#": SubscriptionOptions(qos=2)}
+
+
+async def _acking(peer: Peer) -> None:
+    while True:
+        peer.ack_replicas()
+        await asyncio.sleep(0.02)
+
+
+async def test_a_local_subscribers_replica_gets_a_qos2_message_only_after_the_publishers_replica_has_its_id(
+        tmp_path: Path) -> None:
+    """na owns pub (replica nb, which has not applied pub's packet id 1: its reads lag) and s (replica nc). pub's
+    QoS2 m1 is routed to s on na. nc must not learn m1 before nb acknowledged packet id 1: killed in between, na
+    leaves s resumable with m1 while pub resumes without the id and its DUP resend is routed as new."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
+    wiring = wiring_of(na)
+    pub = next(c for c in (f"p{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
+    sub = next(c for c in (f"s{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nc"])
+    nb, nc = Peer("nb"), Peer("nc")
+    acking: asyncio.Task[None] | None = None
+    try:
+        for peer in (nb, nc):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        acking = asyncio.get_running_loop().create_task(_acking(nc))
+        wiring.svc.put("sessions", sub, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(SUBS))))
+        wiring.svc.put("sessions", pub, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, {})))
+        adopt_session(na.broker, SessionRecord(sub, 1, 3600, subscriptions=dict(SUBS)), [], [])
+        adopt_session(na.broker, SessionRecord(pub, 1, 3600), [], [])
+        await until(lambda: any(r.client_id == pub and r.op == OP_SNAPSHOT for _p, r in nb.replicated),
+                    "pub's snapshot at nb")
+        await until(lambda: any(r.client_id == sub and r.op == OP_SNAPSHOT for _p, r in nc.replicated),
+                    "s's snapshot at nc")
+        nb.ack_replicas()
+        before = len([r for _p, r in nc.replicated if r.client_id == sub])
+
+        message = Message("m1", "t/x", b"x", 2, False, pub, 1000.0)
+        na.broker.sessions[pub].incoming_qos2[1] = None  # what the broker does for a QoS2 PUBLISH: the id first
+        wiring.store.save_incoming_qos2(pub, 1, None)
+        reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
+        wiring.route_remote(message, chosen)
+        assert reached == 1
+        await asyncio.sleep(0.3)  # nb never acknowledges packet id 1
+        assert not [r for _p, r in nc.replicated if r.client_id == sub][before:], \
+            "s's replica learnt m1 while pub's replica did not hold its packet id"
+        nb.ack_replicas()
+        await until(lambda: [r for _p, r in nc.replicated if r.client_id == sub][before:], "m1 at nc once nb has id 1")
+    finally:
+        if acking is not None:
+            acking.cancel()
+        for peer in (nb, nc):
+            await peer.svc.async_stop()
+        await stop_node(na)
