@@ -219,7 +219,8 @@ def _apply_queue_only(conn: sqlite3.Connection, writes: list[Op]) -> tuple[int, 
     if removals:
         remove_rows(conn, removals)
     if rows:
-        conn.executemany(_SQL[ENQUEUE][0], _params(ENQUEUE, list(rows.values()), {}))
+        texts: dict[int, str | None] = {}
+        conn.executemany(_SQL[ENQUEUE][0], [(p[0], p[1], *message_row(p[2], texts), *p[3:]) for p in rows.values()])
     return len(removals) + len(rows), elided
 
 

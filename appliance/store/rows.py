@@ -82,8 +82,18 @@ def will_from_text(text: str | None) -> Will | None:
     )
 
 
-def message_row(message: Message) -> MessageRow:
-    """The message columns shared by queue, retained and incoming_qos2 rows."""
+def message_row(message: Message, texts: dict[int, str | None] | None = None) -> MessageRow:
+    """The message columns shared by queue, retained and incoming_qos2 rows.
+
+    `texts` caches the properties text per Properties object across calls (a fan-out shares one message's).
+    """
+    props = message.properties
+    if props is NO_PROPERTIES or texts is None:
+        text = properties_to_text(props)
+    elif id(props) in texts:
+        text = texts[id(props)]
+    else:
+        text = texts[id(props)] = properties_to_text(props)
     return (
         message.msg_id,
         message.topic,
@@ -93,7 +103,7 @@ def message_row(message: Message) -> MessageRow:
         message.publisher,
         message.created,
         message.expiry_at,
-        properties_to_text(message.properties),
+        text,
     )
 
 
