@@ -94,9 +94,9 @@ class Cluster:
 
     # -- clients (mosquitto tools inside a node's namespace) -----------------------------------------------------
     def pub(self, i: int, topic: str, messages: list[str], qos: int = 1, client_id: str | None = None,
-            retain: bool = False, check: bool = True) -> subprocess.CompletedProcess[str]:
+            retain: bool = False, check: bool = True, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
         """Publish lines (one message each) to node i with mosquitto_pub -l; returns once all are acked."""
-        argv = ["mosquitto_pub", "-h", self.lab.ip(i), "-p", str(MQTT), "-t", topic, "-q", str(qos), "-l"]
+        argv = ["mosquitto_pub", "-h", self.lab.ip(i), "-p", str(MQTT), "-t", topic, "-q", str(qos), "-l", *extra]
         if client_id:
             argv += ["-i", client_id]
         if retain:
