@@ -71,9 +71,10 @@ class _ListSink:
     """The DeliveryLog's hot methods into its lanes, emptied at each flush: calls + values, no drain thread."""
 
     def __init__(self) -> None:
+        from appliance.deliverylog.batch import LANE_KINDS
         from appliance.deliverylog.sink import DeliveryLog
 
-        self._lanes: list[list[Any]] = [[] for _ in range(6)]
+        self._lanes: list[list[Any]] = [[] for _ in range(1 + len(LANE_KINDS))]
         DeliveryLog._queue_to_lanes(self)  # type: ignore[arg-type]
         for name in ("emit", "received", "committed", "routed", "delivered", "acked"):
             setattr(self, name, types.MethodType(getattr(DeliveryLog, name), self))

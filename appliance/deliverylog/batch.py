@@ -190,6 +190,14 @@ def pack(flat: list[Any]) -> bytes:
         return marshal.dumps(clean, 4)
 
 
+def pack_lanes(lanes: Lanes, offset: int, stepped: bool) -> bytes:
+    """Marshal (offset, stepped, lanes) in one call (non-builtin values take the slow path and become builtins)."""
+    try:
+        return marshal.dumps((offset, stepped, lanes), 4)
+    except ValueError:  # an enum or another non-builtin value somewhere
+        return marshal.dumps((offset, stepped, plain_lanes(lanes)), 4)
+
+
 # -- one keyword event's fields -------------------------------------------------------------------------------------
 
 def reason_text(value: Any) -> str:

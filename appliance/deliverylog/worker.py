@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, plain_lanes
+from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, pack_lanes
 from .identity import Identity
 from .writer import DeliveryLogError, Limits, WriterStats
 
@@ -138,13 +138,8 @@ class WriterProcess:
 
     def write_lanes(self, lanes: Lanes, offset: int, stepped: bool) -> None:
         """Hand a lanes batch (DeliveryLog's drain) and its clock offset to the child: one marshal, one pipe write."""
-        if not any(lanes):
-            return
-        try:
-            payload = marshal.dumps((offset, stepped, lanes), 4)
-        except ValueError:  # a non-builtin value somewhere: the slow path makes every value plain
-            payload = marshal.dumps((offset, stepped, plain_lanes(lanes)), 4)
-        self._call(b"W", payload)
+        if any(lanes):
+            self._call(b"W", pack_lanes(lanes, offset, stepped))
 
     def record_loss(self, reason: str, events: int) -> None:
         """Have the child record a log_evicted for events lost before reaching it."""

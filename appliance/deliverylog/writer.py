@@ -33,7 +33,7 @@ from .batch import (
     lanes_flat,
     message_tuple,
     pack,
-    plain_lanes,
+    pack_lanes,
 )
 from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
@@ -290,15 +290,7 @@ class SegmentWriter:
 
     def write_lanes(self, lanes: Lanes, offset: int, stepped: bool) -> None:
         """write() for a lanes batch (DeliveryLog's drain, batch.lanes_flat) and its clock offset and step flag."""
-        if self._binary:
-            try:
-                packed = marshal.dumps((offset, stepped, lanes), 4)
-            except ValueError:  # non-builtin values (thread mode): columns from what the journal holds
-                lanes = plain_lanes(lanes)
-                packed = marshal.dumps((offset, stepped, lanes), 4)
-            self._write_batch(lanes, packed, stepped=stepped, offset=offset)
-        else:
-            self.write(items_of(lanes_flat(lanes, offset)), stepped)
+        self.write_lanes_packed(pack_lanes(lanes, offset, stepped))  # columns from what the journal holds
 
     def write_lanes_packed(self, packed: bytes) -> None:
         """write() for a marshalled (offset, stepped, lanes batch) (in Parquet format journaled as it is, LANES)."""
