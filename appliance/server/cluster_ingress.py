@@ -91,7 +91,8 @@ class IngressGuard:
 
     def _init_ingress(self) -> None:
         self._mark = int(time.time() * 1_000_000)  # grows across restarts, like stream seqs
-        self._q2_stash: dict[str, list[tuple[int, list[tuple[str, int]]]]] = {}  # publisher -> [(packet id, holds)]
+        # publisher -> [(packet id, forward holds, replica holds)] until route_remote (or the flush) takes them
+        self._q2_stash: dict[str, list[tuple[int, list[tuple[str, int]], list[tuple[str, int]]]]] = {}
         self._unconfirmed: dict[int, list[Any]] = {}  # mark -> [publisher, replicas left, holds (peer, token)]
         self._q2_settle: tuple[str, str] | None = None  # (publisher, pending key) of the QoS2 message being routed
         self._stranded: dict[str, dict[str, bytes]] = {}  # publisher -> pending key -> encoded Forward
@@ -124,37 +125,51 @@ class IngressGuard:
 
     def _qos2_added(self, cid: str, pid: int) -> None:
         """ClusterStore hook, a publisher's packet id is being stored: from now until its replicas acknowledge it
-        (with its message, sent by route_remote, which follows at once), no forward leaves for any other peer; a
-        left-over (adoption) goes alone at the end of the iteration."""
+        (with its message, sent by route_remote, which follows at once), no forward and no replica operation leaves
+        for any other peer (the local routing comes first: a local subscriber's enqueue and SENT state went out to
+        its replica unheld, chaos 43042); a left-over (adoption) goes alone at the end of the iteration."""
         peers = self._replicated(cid)
         links = self.svc.links
         holds: list[tuple[str, int]] = []
+        replica_holds: list[tuple[str, int]] = []
         if any(links.is_up(p) for p in peers):
             svc = self.svc
-            holds = [(p, svc.hold(p)) for p in svc.membership.all() if p != self.node_id and p not in peers]
+            others = [p for p in svc.membership.all() if p != self.node_id and p not in peers]
+            holds = [(p, svc.hold(p)) for p in others]
+            replica_holds = [(p, svc.hold_replicas(p)) for p in others]
         if not self._q2_stash:
             asyncio.get_running_loop().call_soon(self._flush_q2_stash)
-        self._q2_stash.setdefault(cid, []).append((pid, holds))  # an adopted session stores several at once
+        self._q2_stash.setdefault(cid, []).append((pid, holds, replica_holds))  # an adoption stores several at once
 
     def _flush_q2_stash(self) -> None:
+        """Packet ids no route_remote took (an adopted session's): their replica holds are placed again after the id
+        operation (held from the store call until now, they could wait for an id submitted after them)."""
         stash, self._q2_stash = self._q2_stash, {}
+        svc = self.svc
         for cid, items in stash.items():
-            for pid, holds in items:
-                self._send_qos2(cid, self.next_mark(), encode_mark_op(self._mark, packet_id=pid), holds)
+            for pid, holds, replica_holds in items:
+                for peer, token in replica_holds:
+                    svc.release(peer, token)
+                self._send_qos2(cid, self.next_mark(), encode_mark_op(self._mark, packet_id=pid), holds, True)
 
-    def _send_qos2(self, cid: str, mark: int, data: bytes, holds: list[tuple[str, int]]) -> None:
+    def _send_qos2(self, cid: str, mark: int, data: bytes, holds: list[tuple[str, int]],
+                   hold_replicas: bool = False) -> None:
         """OP_QOS2_ADD to the session's replicas; the holds end once every reachable one acknowledged it (or, at
-        the latest, after failure_timeout: a replica that slow is about to be declared down anyway)."""
+        the latest, after failure_timeout: a replica that slow is about to be declared down anyway). With
+        `hold_replicas`, the replica streams to the other peers are held from just after the id went out."""
         svc = self.svc
         replicas = self.assigned.get(cid, [])
         peers = [p for p in replicas if svc.links.is_up(p)]
         self._unconfirmed[mark] = [cid, set(peers), holds]
         for peer in replicas:
             self._replicate(peer, cid, OP_QOS2_ADD, data, True, self._q2_waiter(peer, mark))
-        if peers:
+        if peers and hold_replicas:
             # Local subscribers' replicas elsewhere wait too: one that learnt the message (the owner killed before
             # the publisher's replicas had the id) resumed a session with it while the publisher's resend was routed
-            # as new (chaos 41004, a QoS2 duplicate). Placed after the id went out: holds never wait for each other.
+            # as new (chaos 41004, a QoS2 duplicate). A hold covers only operations submitted after it and is placed
+            # after the id it waits for, or just before it in the same call (_qos2_added, for a PUBLISH: only the
+            # local routing's writes, which no hold waits for, come in between): an id operation waits only for
+            # holds whose ids went out before it, so holds never wait for each other in a cycle.
             others = [p for p in svc.membership.all() if p != self.node_id and p not in replicas]
             holds += [(p, svc.hold_replicas(p)) for p in others]
         if holds:
@@ -217,9 +232,10 @@ class IngressGuard:
         items = self._q2_stash.get(cid)
         if not items:
             return
-        pid, holds = items.pop()  # the packet id stored just before this message was routed
+        pid, holds, replica_holds = items.pop()  # the packet id stored just before this message was routed
         if not items:
             del self._q2_stash[cid]
+        holds += replica_holds  # placed before the local routing, released with the forward holds
         mark = self.next_mark()
         if not self.assigned.get(cid):
             self._send_qos2(cid, mark, encode_mark_op(mark, packet_id=pid), holds)

@@ -16,19 +16,38 @@ writes did not (replica streams were never held: two publishers with different r
 packet ids back). Now the replica streams to the other peers are held too, from just after the packet id went out
 (a hold never covers the operation another hold waits for).
 
-Real node (broker + SQLite + ClusterWiring) and bare ClusterService peers on loopback.
+Chaos seed 43042 (db3a539 batch, 1 QoS2 duplicate) is the same race with the subscriber online: node2 owned pub2
+(replica node1) and sub1 (replica node0), sub1 connected with room in its window. pub2's QoS2 #45 (client clock
+4.065) was queued for sub1 and sent at once: the pump's SENT state (packet id 141) flushed sub1's batched enqueue to
+node0 and went out with it inside the local routing, before route_remote submitted the packet id to node1 and
+placed the replica holds behind it, so nothing held them. node2 was SIGKILLed ~0.15 s later (links reset at
+23:41:22.901) with node1, its acks lagging (pub2's PUBRECs took 0.1-0.3 s), not holding #45-#51's ids: pub2
+resumed on node1 "(0 queued, 1 stranded passed on)" (#44) and its DUP resend of #45-#51 was routed as new; sub1
+resumed on node1 from node0's copy got #45 under DUP packet id 141 (4.621) and again as new under 16 (4.679).
+Now the replica holds of a client's QoS2 PUBLISH are placed when its packet id is stored, before the local routing
+(its packet-id operation follows within the same call, so a hold still never covers an operation another hold
+waits for).
+
+Real node (broker + SQLite + ClusterWiring) and bare ClusterService peers on loopback; clients on in-memory links.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import MIGRATED, OP_SNAPSHOT, SessionClaim, encode_claim
+from appliance.protocol.packets import MQTT_5, Connect, Properties, Publish, Suback, Subscribe, SubscriptionRequest
+from appliance.protocol.reason_codes import ReasonCode
+from appliance.server.node import Node
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
+from tests.unit.broker.test_restore import RecordingLink
 
 SUBS = {"t/#": SubscriptionOptions(qos=2)}
 
@@ -77,6 +96,67 @@ async def test_a_local_subscribers_replica_gets_a_qos2_message_only_after_the_pu
             "s's replica learnt m1 while pub's replica did not hold its packet id"
         nb.ack_replicas()
         await until(lambda: [r for _p, r in nc.replicated if r.client_id == sub][before:], "m1 at nc once nb has id 1")
+    finally:
+        if acking is not None:
+            acking.cancel()
+        for peer in (nb, nc):
+            await peer.svc.async_stop()
+        await stop_node(na)
+
+
+def _connect(node: Node, cid: str) -> RecordingLink:
+    client = RecordingLink(MQTT_5)
+    connect = Connect(cid, MQTT_5, False, 60, properties=Properties(session_expiry_interval=3600))
+    assert node.broker.connect(client, connect, ReasonCode.SUCCESS) is not None
+    return client
+
+
+async def _with_replicas(peers: tuple[Peer, ...], predicate: Callable[[], object], what: str) -> None:
+    """Wait for predicate() while the peers acknowledge every replica operation they get (their commits)."""
+    for _ in range(250):
+        for peer in peers:
+            peer.ack_replicas()
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+async def test_an_online_local_subscriber_gets_a_qos2_message_only_after_the_publishers_replica_has_its_id(
+        tmp_path: Path) -> None:
+    """Chaos seed 43042: as above, but s is connected with room in its window, so m1 is sent to it at once (its SENT
+    state, packet id and all, goes to nc with the enqueue, inside the local routing). nc must learn neither before
+    nb acknowledged pub's packet id 1, and s gets the PUBLISH only after both. Before the fix nc got the enqueue
+    and the SENT state at once and s the PUBLISH once nc acknowledged, nb holding nothing."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
+    wiring = wiring_of(na)
+    pub_id = next(c for c in (f"p{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
+    sub_id = next(c for c in (f"s{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nc"])
+    nb, nc = Peer("nb"), Peer("nc")
+    acking: asyncio.Task[None] | None = None
+    try:
+        for peer in (nb, nc):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        sub = _connect(na, sub_id)
+        await _with_replicas((nb, nc), lambda: sub.sent, "s's CONNACK")
+        na.broker.handle(na.broker.sessions[sub_id], sub, Subscribe(1, [SubscriptionRequest("t/#", 2)]))
+        await _with_replicas((nb, nc), lambda: any(isinstance(p, Suback) for p in sub.sent), "s's SUBACK")
+        pub = _connect(na, pub_id)
+        await _with_replicas((nb, nc), lambda: pub.sent, "pub's CONNACK")
+        assert wiring.assigned == {sub_id: ["nc"], pub_id: ["nb"]}
+        before = len([r for _p, r in nc.replicated if r.client_id == sub_id])
+        sub.take()
+        acking = asyncio.get_running_loop().create_task(_acking(nc))  # nc commits what it gets; nb lags
+
+        na.broker.handle(na.broker.sessions[pub_id], pub, Publish("t/x", b"m1", 2, packet_id=1))
+        await asyncio.sleep(0.3)  # nb never acknowledges packet id 1
+        assert not [r for _p, r in nc.replicated if r.client_id == sub_id][before:], \
+            "s's replica learnt m1 (queued and in flight) while pub's replica did not hold its packet id"
+        assert not [p for p in sub.sent if isinstance(p, Publish)]
+        nb.ack_replicas()
+        await until(lambda: [p for p in sub.sent if isinstance(p, Publish)], "m1 sent to s once nb has id 1")
+        assert [(p.payload, p.packet_id, p.dup) for p in sub.sent if isinstance(p, Publish)] == [(b"m1", 1, False)]
     finally:
         if acking is not None:
             acking.cancel()
