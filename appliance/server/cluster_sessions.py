@@ -49,7 +49,7 @@ from appliance.cluster.ownership import (
     hands_over,
     queue_position,
 )
-from appliance.cluster.wire import Repair, Replicate, SessionDone, SessionState, SessionTakeover
+from appliance.cluster.wire import Forward, Repair, Replicate, SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ class SessionMigration:
     _seen: dict[str, OrderedDict[str, None]]
     _rep_due: dict[str, int]  # peer -> last replica operation applied in this loop iteration
     _resumes: dict[str, list[tuple[str, str, int, int]]]  # client id -> [(asker, owner, token, request)]
+    _resume_acked: dict[str, list[tuple[str, Message]]]  # client id -> [(owner, message)] it acked during a hold
     _ups: dict[str, int]  # peer -> how many times its link came up
     r: int
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
@@ -537,7 +538,30 @@ class SessionMigration:
             self._resumes[cid] = kept
         else:
             self._resumes.pop(cid, None)
+        held = {entry[1] for entry in kept}
+        acked = [item for item in self._resume_acked.pop(cid, []) if item[0] in held]
+        if acked:
+            self._resume_acked[cid] = acked
         return ended
+
+    def _acked_during_hold(self, peer: str, released: list[Forward]) -> None:
+        """`peer` acknowledged forwards while we hold its stream for a resume of a session of its: it read them
+        before our answer (then froze, or its link dropped, with its replica's ack out), so the copy the asker
+        resumed from may lack them, and `peer` passes them on only once it learns the new claim, after the newer
+        forwards our hold kept (chaos 30624, reordered). They follow the claim too, ahead of those (the new owner
+        drops a copy it has by message id)."""
+        for fwd in released:
+            for cid in fwd.clients:
+                if any(entry[1] == peer for entry in self._resumes.get(cid, ())):
+                    self._resume_acked.setdefault(cid, []).append((peer, fwd.message))
+
+    def _take_acked_during_hold(self, cid: str, old: str) -> list[Message]:
+        """The messages `old` acknowledged for `cid` during a hold (_acked_during_hold), oldest first."""
+        items = self._resume_acked.pop(cid, [])
+        kept = [item for item in items if item[0] != old]
+        if kept:
+            self._resume_acked[cid] = kept
+        return [message for owner, message in items if owner == old]
 
     def _on_handover(self, peer: str, cid: str, data: bytes, clean: bool, waiting: bool) -> None:
         """The owner let a session go to us: adopt it now, in stream order, even if we gave up asking (it is gone

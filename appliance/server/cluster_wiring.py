@@ -83,6 +83,7 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
         self._resumes: dict[str, list[tuple[str, str, int, int]]] = {}  # heal-time holds (SessionMigration)
+        self._resume_acked: dict[str, list[tuple[str, Message]]] = {}
         self._ups: dict[str, int] = {}
         self._requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]] = {}
         self._request_id = 0
@@ -460,12 +461,19 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
             if self.broker is None or cid not in self.broker.sessions:
                 return  # the hand-over has not arrived yet: the old node passes these on after it, in order
             self._end_awaiting(cid)
+        acked = self._take_acked_during_hold(cid, old)  # older than those still buffered: they go first
+        for message in acked:
+            if new == self.node_id:
+                self._onward(message, self._deliver_here(message, (cid,)))
+            else:
+                self._forward(new, message, (cid,))
         sender = self.svc.senders.get(old)
+        moving = [f for f in sender.resend() if cid in f.clients] if sender is not None else []
+        if moving or acked:
+            log.info("session %s moved %s -> %s: %d buffered forwards follow it", cid, old, new,
+                     len(acked) + len(moving))
         if sender is None:
             return
-        moving = [f for f in sender.resend() if cid in f.clients]
-        if moving:
-            log.info("session %s moved %s -> %s: %d buffered forwards follow it", cid, old, new, len(moving))
         for buffered in moving:
             waiters: list[Any] = []
             if set(buffered.clients) == {cid}:
@@ -556,6 +564,8 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
 
     def _on_forward_released(self, peer: str, released: list[Forward]) -> None:
         """The peer acked: drop the forwards from the durable in-transit buffer."""
+        if self._resumes:
+            self._acked_during_hold(peer, released)
         for fwd in released:
             if fwd.message.qos:
                 self.inner.kv_delete(f"fwd/{peer}", seq_key(fwd.seq))

@@ -15,7 +15,7 @@ import pytest
 
 from appliance.broker.model import Message, SubscriptionOptions
 from appliance.cluster.ownership import FRESH, SessionClaim, encode_claim
-from appliance.cluster.wire import SessionDone, SessionState, SessionTakeover
+from appliance.cluster.wire import Forward, ForwardAck, SessionDone, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.cluster_wiring import ClusterWiring
 from appliance.server.node import Node
@@ -107,5 +107,51 @@ async def test_a_resume_refuses_when_the_owner_links_up_while_peers_are_asked(tm
     finally:
         await owner.svc.async_stop()
         await asker_peer.svc.async_stop()
+        await wiring.async_stop()
+        node.store.close()
+
+
+class FrozenOwner(Peer):
+    """An owner that receives forwards but freezes (SIGSTOP) before its commit acknowledges them."""
+
+    def _forward(self, peer: str, fwd: Forward) -> None:
+        self.received.append(fwd.message.msg_id)
+
+
+@pytest.mark.parametrize("asker", ["resumed", "refused"])
+async def test_a_forward_the_old_owner_acknowledges_after_our_answer_follows_the_new_claim(tmp_path: Path,
+                                                                                           asker: str) -> None:
+    """Chaos seed 30624 (pub1#185 reordered for sub2). nb, s's owner, read m1 from us and froze before acking it
+    (its replica write was still out); our link to it dropped. nc asked for s and we did not object (hold); nc
+    resumed s from a copy without m1. nb, continued, linked up again and acknowledged m1 (its replica's ack came at
+    the heal), so m1 left our buffer; m2, newer, was held and followed nc's claim, while m1 reached nc only when nb
+    learnt the claim and passed on what nc lacked: after m2. m1 must follow the claim too, ahead of m2 (nc drops a
+    second copy from nb by message id). If nc refused its client instead, m1 is nb's: nothing follows a later claim."""
+    node, wiring = await _node(tmp_path)
+    frozen, owner = FrozenOwner("nb"), Peer("nb")
+    try:
+        await _link(wiring, frozen)
+        wiring.route_remote(_message("m1", "t/x"), [])  # for s on nb: sent, read, never acknowledged there
+        await until(lambda: frozen.received == ["m1"], "m1 at nb")
+        [m1] = wiring.svc.senders["nb"].resend()
+        await frozen.svc.async_stop()  # nb frozen: the link drops
+        await until(lambda: not wiring.svc.links.is_up("nb"), "the link to nb down")
+        wiring._on_session_message("nc", SessionTakeover(7, "s", "nc", False))  # answered "no session here"
+        await _link(wiring, owner)  # nb continued: a new link, our resend held
+        owner.svc.send("na", ForwardAck(m1.seq))  # nb's commit of m1 done at last
+        await until(lambda: not wiring.svc.senders["nb"].resend(), "nb's ack of m1")
+        if asker == "refused":
+            wiring._on_session_message("nc", SessionDone(7, "s"))
+        wiring.route_remote(_message("m2", "t/x"), [])  # for s, still nb's here: held while nc may resume it
+        resumed = SessionClaim("nc", 2000.0, FRESH, True, {"t/#": SubscriptionOptions(qos=1)}, {}, {})
+        if asker == "refused":
+            await until(lambda: owner.received == ["m2"] and not wiring.svc.senders["nb"].resend(), "nb's ack of m2")
+        wiring.svc.put("sessions", "s", encode_claim(resumed))  # nc's claim arrives
+        expected = ["m1", "m2"] if asker == "resumed" else []
+        to_nc = wiring.svc.senders.get("nc")
+        assert [f.message.msg_id for f in (to_nc.resend() if to_nc else [])] == expected
+        assert owner.received == ([] if asker == "resumed" else ["m2"])
+    finally:
+        await owner.svc.async_stop()
         await wiring.async_stop()
         node.store.close()
