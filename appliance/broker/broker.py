@@ -398,6 +398,8 @@ class Broker:
             if session.store is not None:
                 self.store.save_incoming_qos2(record.client_id, pid, None)  # type: ignore[arg-type]
                 qos2_saved = True
+                if cluster is not None:
+                    cluster.qos2_received(message)
         persisted = (packet.retain and self.router.retain(message)) or qos2_saved
         if cluster is None:
             reached, persisted_here, _ = self.router.route(message)

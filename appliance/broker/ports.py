@@ -113,6 +113,10 @@ class ClusterPort(Protocol):
     # on other nodes matching a topic: (group, filter, {client id: its node is reachable}); the router picks one
     # member per group across the cluster
 
+    def qos2_received(self, message: Message) -> None: ...  # a client's QoS2 PUBLISH, its packet id just stored
+    # (Store.save_incoming_qos2): the id and the message go to the publisher's replicas now, before any write of
+    # the local routing (a local subscriber's replica may be the publisher's: it must apply the id first)
+
     def route_remote(self, message: Message, shared: list[str]) -> int: ...  # forward to nodes with matching plain
     # subscribers and to the shared-group members the router chose there (and replicate the message as retained
     # when its RETAIN flag is set, an empty payload clearing it); returns sessions reached

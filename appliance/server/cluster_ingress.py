@@ -91,7 +91,7 @@ class IngressGuard:
 
     def _init_ingress(self) -> None:
         self._mark = int(time.time() * 1_000_000)  # grows across restarts, like stream seqs
-        # publisher -> [(packet id, forward holds, replica holds)] until route_remote (or the flush) takes them
+        # publisher -> [(packet id, forward holds, replica holds)] until qos2_received (or the flush) takes them
         self._q2_stash: dict[str, list[tuple[int, list[tuple[str, int]], list[tuple[str, int]]]]] = {}
         self._unconfirmed: dict[int, list[Any]] = {}  # mark -> [publisher, replicas left, holds (peer, token)]
         self._q2_settle: tuple[str, str] | None = None  # (publisher, pending key) of the QoS2 message being routed
@@ -125,9 +125,9 @@ class IngressGuard:
 
     def _qos2_added(self, cid: str, pid: int) -> None:
         """ClusterStore hook, a publisher's packet id is being stored: from now until its replicas acknowledge it
-        (with its message, sent by route_remote, which follows at once), no forward and no replica operation leaves
-        for any other peer (the local routing comes first: a local subscriber's enqueue and SENT state went out to
-        its replica unheld, chaos 43042); a left-over (adoption) goes alone at the end of the iteration."""
+        (with its message, sent by qos2_received, which follows at once, before the local routing), no forward and
+        no replica operation leaves for any other peer (a local subscriber's enqueue and SENT state went out to its
+        replica unheld, chaos 43042); a left-over (adoption) goes alone at the end of the iteration."""
         peers = self._replicated(cid)
         links = self.svc.links
         holds: list[tuple[str, int]] = []
@@ -142,7 +142,7 @@ class IngressGuard:
         self._q2_stash.setdefault(cid, []).append((pid, holds, replica_holds))  # an adoption stores several at once
 
     def _flush_q2_stash(self) -> None:
-        """Packet ids no route_remote took (an adopted session's): their replica holds are placed again after the id
+        """Packet ids no qos2_received took (an adopted session's): their replica holds are placed again after the id
         operation (held from the store call until now, they could wait for an id submitted after them)."""
         stash, self._q2_stash = self._q2_stash, {}
         svc = self.svc
@@ -167,9 +167,9 @@ class IngressGuard:
             # Local subscribers' replicas elsewhere wait too: one that learnt the message (the owner killed before
             # the publisher's replicas had the id) resumed a session with it while the publisher's resend was routed
             # as new (chaos 41004, a QoS2 duplicate). A hold covers only operations submitted after it and is placed
-            # after the id it waits for, or just before it in the same call (_qos2_added, for a PUBLISH: only the
-            # local routing's writes, which no hold waits for, come in between): an id operation waits only for
-            # holds whose ids went out before it, so holds never wait for each other in a cycle.
+            # after the id it waits for, or just before it (_qos2_added, for a PUBLISH: qos2_received follows the
+            # store call at once): an id operation waits only for holds whose ids went out before it, so holds never
+            # wait for each other in a cycle.
             others = [p for p in svc.membership.all() if p != self.node_id and p not in replicas]
             holds += [(p, svc.hold_replicas(p)) for p in others]
         if holds:
@@ -224,18 +224,20 @@ class IngressGuard:
         for held, token in entry[2]:
             self.svc.release(held, token)
 
-    def _qos2_routed(self, message: Message) -> None:
-        """route_remote, QoS2 publish path: the packet id and the message go to the publisher's replicas as one
-        pending entry (the PUBREC waits for them), tagged durably here; released by _qos2_settle once everything
+    def qos2_received(self, message: Message) -> None:
+        """ClusterPort, a client's QoS2 PUBLISH whose packet id was just stored: the id and the message go to the
+        publisher's replicas as one pending entry (the PUBREC waits for them), tagged durably here, ahead of any
+        write of the local routing (a subscriber sharing that replica must not resume with the message while the
+        publisher resumes without its id); released by _qos2_settle, at the end of route_remote, once everything
         the message caused is acknowledged."""
         cid = message.publisher
         items = self._q2_stash.get(cid)
         if not items:
             return
-        pid, holds, replica_holds = items.pop()  # the packet id stored just before this message was routed
+        pid, holds, replica_holds = items.pop()  # the packet id stored just before
         if not items:
             del self._q2_stash[cid]
-        holds += replica_holds  # placed before the local routing, released with the forward holds
+        holds += replica_holds  # placed with the forward holds, released with them
         mark = self.next_mark()
         if not self.assigned.get(cid):
             self._send_qos2(cid, mark, encode_mark_op(mark, packet_id=pid), holds)

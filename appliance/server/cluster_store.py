@@ -262,7 +262,7 @@ class ClusterStore:
     def save_incoming_qos2(self, client_id: str, packet_id: int, message: Message | None) -> None:
         """Hold an incoming QoS2 packet id; replicas hold it too (no duplicate after a failover)."""
         self.inner.save_incoming_qos2(client_id, packet_id, message)
-        if self.on_qos2_added is not None:  # replicated with its message (the wiring's route_remote follows)
+        if self.on_qos2_added is not None:  # replicated with its message (the broker's qos2_received follows)
             self.on_qos2_added(client_id, packet_id)
 
     def delete_incoming_qos2(self, client_id: str, packet_id: int) -> None:

@@ -256,8 +256,6 @@ class ClusterWiring(QueueReplication, SessionMigration, IngressGuard):
         the sessions reached."""
         if message.retain:
             self.retained_changed(message)
-        if message.qos == 2 and self._q2_stash:
-            self._qos2_routed(message)
         targets = self._targets(message)
         for client_id in shared:
             claim = self.claims.get(client_id)

@@ -109,8 +109,10 @@ async def test_a_qos2_forward_waits_for_a_live_replica_when_the_publishers_repli
 
         cut.to_dialler = False  # na -> n0 silenced: m1's packet id never reaches n0
         na.broker.sessions[pub].incoming_qos2[1] = None  # what the broker does for a QoS2 PUBLISH
+        m1 = Message("m1", "t/x", b"x", 2, False, pub, 1000.0)
         wiring.store.save_incoming_qos2(pub, 1, None)
-        wiring.route_remote(Message("m1", "t/x", b"x", 2, False, pub, 1000.0), [])
+        wiring.qos2_received(m1)
+        wiring.route_remote(m1, [])
         await asyncio.sleep(0.3)  # n0's heartbeats still arrive
         cut.to_target = False
         await until(lambda: seen_at_m1, "m1 at nt")
@@ -144,9 +146,11 @@ async def test_a_replica_alive_but_slow_to_acknowledge_holds_qos2_forwards_for_f
         nb.ack_replicas()
 
         na.broker.sessions[pub].incoming_qos2[1] = None
+        m1 = Message("m1", "t/x", b"x", 2, False, pub, 1000.0)
         wiring.store.save_incoming_qos2(pub, 1, None)
+        wiring.qos2_received(m1)
         started = asyncio.get_running_loop().time()
-        wiring.route_remote(Message("m1", "t/x", b"x", 2, False, pub, 1000.0), [])
+        wiring.route_remote(m1, [])
         await until(lambda: "m1" in nt.received, "m1 at nt")
         assert asyncio.get_running_loop().time() - started >= 0.9
         assert wiring.svc.links.is_up("nb")

@@ -28,6 +28,12 @@ Now the replica holds of a client's QoS2 PUBLISH are placed when its packet id i
 (its packet-id operation follows within the same call, so a hold still never covers an operation another hold
 waits for).
 
+Not seen in chaos: when the subscriber's replica is the publisher's too, the local routing's writes (the
+subscriber's enqueue and SENT state) went out on that one stream ahead of the packet id; a replica whose reads
+stopped between them (the owner killed then) resumed the subscriber with the message and the publisher without its
+id, whose DUP resend was routed as new. Now the broker hands the id and the message to the cluster
+(ClusterPort.qos2_received) right after storing the id, before the local routing.
+
 Real node (broker + SQLite + ClusterWiring) and bare ClusterService peers on loopback; clients on in-memory links.
 """
 
@@ -43,7 +49,17 @@ from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import MIGRATED, OP_SNAPSHOT, SessionClaim, encode_claim
-from appliance.protocol.packets import MQTT_5, Connect, Properties, Publish, Suback, Subscribe, SubscriptionRequest
+from appliance.cluster.wire import Replicate
+from appliance.protocol.packets import (
+    MQTT_5,
+    Connect,
+    Properties,
+    Publish,
+    Pubrec,
+    Suback,
+    Subscribe,
+    SubscriptionRequest,
+)
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.node import Node
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
@@ -88,6 +104,7 @@ async def test_a_local_subscribers_replica_gets_a_qos2_message_only_after_the_pu
         message = Message("m1", "t/x", b"x", 2, False, pub, 1000.0)
         na.broker.sessions[pub].incoming_qos2[1] = None  # what the broker does for a QoS2 PUBLISH: the id first
         wiring.store.save_incoming_qos2(pub, 1, None)
+        wiring.qos2_received(message)
         reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
         wiring.route_remote(message, chosen)
         assert reached == 1
@@ -163,3 +180,74 @@ async def test_an_online_local_subscriber_gets_a_qos2_message_only_after_the_pub
         for peer in (nb, nc):
             await peer.svc.async_stop()
         await stop_node(na)
+
+
+async def _resumed_from(data_dir: Path, ops: list[Replicate], claims: dict[str, SessionClaim], sub_id: str,
+                        pub_id: str) -> list[tuple[int | None, bool]]:
+    """A real node nb that applied `ops` of na's replica stream (na dead, its later operations never read) resumes s
+    and pub from its copies; pub resends m1 (DUP, packet id 1). Return m1's PUBLISHes to s: (packet id, dup)."""
+    nb = await start_node(data_dir, "nb", ("na",), failure_timeout=1.0)
+    wiring = wiring_of(nb)
+    try:
+        for cid, claim in claims.items():
+            wiring.svc.put("sessions", cid, encode_claim(claim))
+        for rep in ops:
+            wiring._on_replicate("na", rep)
+        links = {}
+        for cid in (sub_id, pub_id):  # s first: pub's pending message (if its copy has one) is passed on to it
+            fetch = wiring.prepare_connect(cid, False)
+            assert fetch is not None and await fetch == ReasonCode.SUCCESS
+            links[cid] = _connect(nb, cid)
+        pub = links[pub_id]
+        nb.broker.handle(nb.broker.sessions[pub_id], pub, Publish("t/x", b"m1", 2, dup=True, packet_id=1))
+        await until(lambda: any(isinstance(p, Pubrec) for p in pub.sent), "the PUBREC of pub's resend")
+        await asyncio.sleep(0.1)
+        return [(p.packet_id, p.dup) for p in links[sub_id].sent if isinstance(p, Publish) and p.payload == b"m1"]
+    finally:
+        await stop_node(nb)
+
+
+async def test_a_replica_shared_by_publisher_and_online_subscriber_resumes_them_with_one_copy_wherever_it_stopped(
+        tmp_path: Path) -> None:
+    """na owns pub and s (online, room in its window), both replicated on nb, the only other member. pub's QoS2 m1
+    (packet id 1) goes to s on na; nb acknowledges nothing after it. na dies: for every point where nb's reads of
+    na's replica stream may have stopped, nb resumes s and pub from what it applied and pub resends m1 (DUP): s must
+    get m1 exactly once. Before the fix the local routing's writes (s's enqueue and SENT state) preceded pub's
+    packet id on that stream: stopped between them, s resumed with m1 in flight and pub without its id, so the
+    resend was routed as new (s got m1 twice)."""
+    na = await start_node(tmp_path / "na", "na", ("nb",), failure_timeout=1.0)
+    wiring = wiring_of(na)
+    nb = Peer("nb")
+    na_running = True
+    try:
+        await nb.svc.async_start()
+        await link(wiring.svc, nb.svc)
+        sub = _connect(na, "s")
+        await _with_replicas((nb,), lambda: sub.sent, "s's CONNACK")
+        na.broker.handle(na.broker.sessions["s"], sub, Subscribe(1, [SubscriptionRequest("t/#", 2)]))
+        await _with_replicas((nb,), lambda: any(isinstance(p, Suback) for p in sub.sent), "s's SUBACK")
+        pub = _connect(na, "pub")
+        await _with_replicas((nb,), lambda: pub.sent, "pub's CONNACK")
+        assert wiring.assigned == {"s": ["nb"], "pub": ["nb"]}
+        await asyncio.sleep(0.1)
+        before = len(nb.replicated)
+
+        na.broker.handle(na.broker.sessions["pub"], pub, Publish("t/x", b"m1", 2, packet_id=1))
+        await asyncio.sleep(0.3)  # nb applies nothing more (its reads stop somewhere in what follows)
+        ops = [rep for _p, rep in nb.replicated]
+        claims = {cid: wiring.claims[cid] for cid in ("s", "pub")}
+        assert {rep.client_id for rep in ops[before:]} == {"s", "pub"}
+        await nb.svc.async_stop()
+        await stop_node(na)  # killed: nb never reads the rest
+        na_running = False
+
+        got = {}
+        for cut in range(before, len(ops) + 1):
+            got[cut - before] = await _resumed_from(tmp_path / f"nb{cut}", ops[:cut], claims, "s", "pub")
+        assert all(len(copies) == 1 for copies in got.values()), \
+            f"m1's PUBLISHes to s (packet id, dup) by the number of na's operations after pub's PUBLISH nb applied, " \
+            f"of {[(rep.client_id, rep.op) for rep in ops[before:]]}: {got}"
+    finally:
+        await nb.svc.async_stop()
+        if na_running:
+            await stop_node(na)

@@ -121,8 +121,10 @@ async def test_a_copy_left_by_placement_is_dropped_not_kept_with_released_pendin
         wiring._rebalance_pending = True  # the flaps below fall within one rebalance delay (0.2 s), as in the run
 
         acked: list[str] = []
+        m1 = Message("m1", "t/x", b"x", 2, False, pub, 1000.0)
         wiring.store.save_incoming_qos2(pub, 1, None)  # what the broker does for a QoS2 PUBLISH
-        wiring.route_remote(Message("m1", "t/x", b"x", 2, False, pub, 1000.0), [])
+        wiring.qos2_received(m1)
+        wiring.route_remote(m1, [])
         wiring.store.after_commit(acked.append, "PUBREC m1")
         await until(lambda: "m1" in nb.received, "m1's forward at nb")
 

@@ -65,8 +65,10 @@ async def test_a_retargeted_qos2_forward_is_waited_for_on_its_new_node(tmp_path:
         await until(lambda: any(r.client_id == pub for _p, r in nr.replicated), "pub's snapshot at nr")
 
         acked: list[str] = []
+        m1 = Message("m1", "t/x", b"x", 2, False, pub, 1000.0)
         wiring.store.save_incoming_qos2(pub, 1, None)  # what the broker does for a QoS2 PUBLISH
-        wiring.route_remote(Message("m1", "t/x", b"x", 2, False, pub, 1000.0), [])
+        wiring.qos2_received(m1)
+        wiring.route_remote(m1, [])
         wiring.store.after_commit(acked.append, "PUBREC m1")
         await until(lambda: "m1" in nb.received, "m1's forward at nb")
 

@@ -24,6 +24,9 @@ class TwoRemoteMembers:
     def remote_shared(self, topic: str) -> list[tuple[str, str, dict[str, bool]]]:
         return [("g", "t", dict(self.members))] if topic == "t" and self.members else []
 
+    def qos2_received(self, message: Message) -> None:
+        pass
+
     def route_remote(self, message: Message, shared: list[str]) -> int:
         self.forwarded.append((message.payload, list(shared)))
         return len(shared)
