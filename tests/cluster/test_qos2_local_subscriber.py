@@ -28,11 +28,11 @@ Now the replica holds of a client's QoS2 PUBLISH are placed when its packet id i
 (its packet-id operation follows within the same call, so a hold still never covers an operation another hold
 waits for).
 
-Not seen in chaos: when the subscriber's replica is the publisher's too, the local routing's writes (the
-subscriber's enqueue and SENT state) went out on that one stream ahead of the packet id; a replica whose reads
-stopped between them (the owner killed then) resumed the subscriber with the message and the publisher without its
-id, whose DUP resend was routed as new. Now the broker hands the id and the message to the cluster
-(ClusterPort.qos2_received) right after storing the id, before the local routing.
+Chaos seed 60051 (on 6b767b4, before the fix): when the subscriber's replica is the publisher's too, the local
+routing's writes (the subscriber's enqueue and SENT state) went out on that one stream ahead of the packet id; a
+replica whose reads stopped between them (the owner killed then) resumed the subscriber with the message and the
+publisher without its id, whose DUP resend was routed as new. Now the broker hands the id and the message to the
+cluster (ClusterPort.qos2_received) right after storing the id, before the local routing.
 
 Real node (broker + SQLite + ClusterWiring) and bare ClusterService peers on loopback; clients on in-memory links.
 """
