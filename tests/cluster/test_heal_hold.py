@@ -155,3 +155,44 @@ async def test_a_forward_the_old_owner_acknowledges_after_our_answer_follows_the
         await owner.svc.async_stop()
         await wiring.async_stop()
         node.store.close()
+
+
+async def test_forwards_naming_sessions_that_moved_earlier_still_follow_the_last_claim_when_acked_in_the_hold(
+        tmp_path: Path) -> None:
+    """Chaos seed 60099 (pub3#26-28 reordered for sub1), 1db1643's race in its three-session shape. nb owned q, p
+    and s (sub2, sub0, sub1); it read m1-m3 (each naming all three) and was cut off before acking them (its replica
+    writes for them never reached its replica). nc resumed q, then p: each claim took its share of m1-m4 to nc and
+    narrowed m1-m4 here to the sessions left. nc asked for s (hold); nb linked up and acked m1-m3 at once (its
+    replica re-placed on a node it reached). m1-m3, read by nb before our answer, must follow s's claim ahead of the
+    held m4 and m5; before 1db1643 nc got only m4, m5, and m1-m3 after them from nb."""
+    node, wiring = await _node(tmp_path)
+    everyone = {"t/#": SubscriptionOptions(qos=1)}
+    for cid in ("q", "p"):
+        wiring.svc.put("sessions", cid, encode_claim(SessionClaim("nb", 1000.0, FRESH, True, everyone, {}, {})))
+    frozen, owner = FrozenOwner("nb"), Peer("nb")
+    try:
+        await _link(wiring, frozen)
+        for msg_id in ("m1", "m2", "m3"):
+            wiring.route_remote(_message(msg_id, "t/x"), [])  # read by nb, never acknowledged on that link
+        await until(lambda: frozen.received == ["m1", "m2", "m3"], "m1-m3 at nb")
+        await frozen.svc.async_stop()
+        await until(lambda: not wiring.svc.links.is_up("nb"), "the link to nb down")
+        wiring.route_remote(_message("m4", "t/x"), [])  # buffered for nb's three sessions
+        for request, cid in ((7, "q"), (8, "p")):  # nc resumes q, then p: their claims arrive
+            wiring._on_session_message("nc", SessionTakeover(request, cid, "nc", False))
+            wiring.svc.put("sessions", cid, encode_claim(SessionClaim("nc", 2000.0, FRESH, True, everyone, {}, {})))
+        held = wiring.svc.senders["nb"].resend()
+        assert [(f.message.msg_id, f.clients) for f in held] == [(m, ("s",)) for m in ("m1", "m2", "m3", "m4")]
+        wiring._on_session_message("nc", SessionTakeover(9, "s", "nc", False))  # answered "no session here": hold
+        await _link(wiring, owner)  # nb back: a new link, our resend held
+        owner.svc.send("na", ForwardAck(held[2].seq))  # nb's cumulative ack of m1-m3
+        await until(lambda: len(wiring.svc.senders["nb"].resend()) == 1, "nb's ack of m1-m3")
+        wiring.route_remote(_message("m5", "t/x"), [])  # for s, still nb's here: held
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("nc", 3000.0, FRESH, True, everyone, {}, {})))
+        to_nc = wiring.svc.senders["nc"].resend()
+        assert [f.message.msg_id for f in to_nc if "s" in f.clients] == ["m1", "m2", "m3", "m4", "m5"]
+        assert owner.received == []
+    finally:
+        await owner.svc.async_stop()
+        await wiring.async_stop()
+        node.store.close()
