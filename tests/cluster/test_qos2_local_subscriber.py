@@ -27,6 +27,9 @@ resumed on node1 from node0's copy got #45 under DUP packet id 141 (4.621) and a
 Now the replica holds of a client's QoS2 PUBLISH are placed when its packet id is stored, before the local routing
 (its packet-id operation follows within the same call, so a hold still never covers an operation another hold
 waits for).
+Chaos seed 60143 (6b767b4 batch) is that race again, replayed end to end by the last test: node2 owned pub3
+(replica node0, its acks lagging 0.2-0.35 s) and the online sub0 (replica node1); sub0 got pub3#48 from node1's
+copy (DUP, packet id 151) and again as new (38) from pub3's resend, routed on node0 without id 48.
 
 Chaos seed 60051 (on 6b767b4, before the fix): when the subscriber's replica is the publisher's too, the local
 routing's writes (the subscriber's enqueue and SENT state) went out on that one stream ahead of the packet id; a
@@ -249,5 +252,56 @@ async def test_a_replica_shared_by_publisher_and_online_subscriber_resumes_them_
             f"of {[(rep.client_id, rep.op) for rep in ops[before:]]}: {got}"
     finally:
         await nb.svc.async_stop()
+        if na_running:
+            await stop_node(na)
+
+
+async def test_an_owner_killed_while_the_publishers_replica_lags_leaves_the_online_subscriber_one_copy(
+        tmp_path: Path) -> None:
+    """Chaos seed 60143 (6b767b4 batch, pub3#48 twice to sub0), end to end: na owns pub (replica nb, its acks
+    lagging) and the online s (replica nc). pub's QoS2 m1 (packet id 1) goes to s; na dies before nb applied the id.
+    s resumes from nc's copy, pub from nb's (merged here into one real node), and pub resends m1 (DUP): s must get
+    m1 once. Before 997c23a nc had s's enqueue and SENT state (s resumed with m1 in flight, DUP) while pub resumed
+    without id 1, so its resend was routed as new: s got m1 twice."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
+    wiring = wiring_of(na)
+    pub_id = next(c for c in (f"p{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
+    sub_id = next(c for c in (f"s{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nc"])
+    nb, nc = Peer("nb"), Peer("nc")
+    acking: asyncio.Task[None] | None = None
+    na_running = True
+    try:
+        for peer in (nb, nc):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        sub = _connect(na, sub_id)
+        await _with_replicas((nb, nc), lambda: sub.sent, "s's CONNACK")
+        na.broker.handle(na.broker.sessions[sub_id], sub, Subscribe(1, [SubscriptionRequest("t/#", 2)]))
+        await _with_replicas((nb, nc), lambda: any(isinstance(p, Suback) for p in sub.sent), "s's SUBACK")
+        pub = _connect(na, pub_id)
+        await _with_replicas((nb, nc), lambda: pub.sent, "pub's CONNACK")
+        assert wiring.assigned == {sub_id: ["nc"], pub_id: ["nb"]}
+        await asyncio.sleep(0.1)
+        nb.ack_replicas()
+        applied_by_nb = len(nb.replicated)  # nb's reads stop here: it never applies pub's packet id 1
+        acking = asyncio.get_running_loop().create_task(_acking(nc))  # nc commits everything it gets
+
+        na.broker.handle(na.broker.sessions[pub_id], pub, Publish("t/x", b"m1", 2, packet_id=1))
+        await asyncio.sleep(0.3)
+        acking.cancel()
+        ops = [rep for _p, rep in nb.replicated[:applied_by_nb]] + [rep for _p, rep in nc.replicated]
+        claims = {cid: wiring.claims[cid] for cid in (sub_id, pub_id)}
+        for peer in (nb, nc):
+            await peer.svc.async_stop()
+        await stop_node(na)  # killed
+        na_running = False
+
+        got = await _resumed_from(tmp_path / "resumed", ops, claims, sub_id, pub_id)
+        assert len(got) == 1, f"m1's PUBLISHes to s after the failover (packet id, dup): {got}"
+    finally:
+        if acking is not None:
+            acking.cancel()
+        for peer in (nb, nc):
+            await peer.svc.async_stop()
         if na_running:
             await stop_node(na)
