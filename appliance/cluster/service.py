@@ -135,6 +135,8 @@ class ClusterService:
         self._hold_seq = 0
         self._hold_all = False
         self._unsent: dict[tuple[str, str], int] = {}  # (peer, "f" / "r") -> first seq held back, not yet sent
+        # peer -> [(holds it waits for (0: hold_all), its own forward hold, message)] in order (send_behind_holds)
+        self._behind: dict[str, list[tuple[set[int], int, ClusterMessage]]] = {}
         self._digest_parts: dict[tuple[str, str], list[tuple[str, VersionVector]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -320,6 +322,29 @@ class ClusterService:
         if not barriers:
             self._barriers.pop(peer, None)
         self._flush_held(peer)
+        self._send_behind(peer, token)
+
+    def send_behind_holds(self, peer: str, msg: ClusterMessage) -> None:
+        """Send a session message that must not overtake what the peer's holds keep back now (a hand-over queue with
+        QoS2 messages whose packet ids their publishers' replicas have not acknowledged, chaos seed 70012): it goes
+        once they are released, after the replica operations they held; forwards submitted after it follow it."""
+        tokens = {barrier[0] for barrier in self._barriers.get(peer, ())} | ({0} if self._hold_all else set())
+        if not tokens:
+            self.send(peer, msg)
+            return
+        self._behind.setdefault(peer, []).append((tokens, self.hold(peer), msg))
+
+    def _send_behind(self, peer: str, token: int) -> None:
+        """A hold ended: the messages no earlier hold keeps back go out, in order."""
+        waiting = self._behind.get(peer, [])
+        for tokens, _own, _msg in waiting:
+            tokens.discard(token)
+        while waiting and not waiting[0][0]:
+            _tokens, own, msg = waiting.pop(0)
+            self.send(peer, msg)  # a link that is down meanwhile resends the hand-over at link-up
+            self.release(peer, own)
+        if not waiting:
+            self._behind.pop(peer, None)
 
     def hold_all(self) -> None:
         """Hold every stream (a restarted node reconciling its durable forwards)."""
@@ -330,6 +355,8 @@ class ClusterService:
         self._hold_all = False
         for peer in {p for p, _k in self._unsent}:
             self._flush_held(peer)
+        for peer in list(self._behind):
+            self._send_behind(peer, 0)
 
     def _flush_held(self, peer: str) -> None:
         for kind in ("r", "f"):

@@ -439,11 +439,14 @@ class SessionMigration:
                 resumable = not msg.clean_start and record.expiry_interval > 0
                 self._hand(cid, (peer, data, resumable))
                 self._released[cid] = time.monotonic()
-                self.svc.send(peer, SessionState(msg.request_id, cid, True, data))
+                # Behind the holds on the peer's streams: its queue may hold QoS2 messages whose publishers'
+                # replicas lack their packet ids (chaos 70012: sent at once, it overtook them; we died, the taker
+                # delivered them and the publishers' DUP resends were routed as new).
+                self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, data))
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
             elif self._handing.get(cid, ("", b"", False))[0] == peer:  # asked again: the state may have been lost
-                self.svc.send(peer, SessionState(msg.request_id, cid, True, self._handing[cid][1]))
+                self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, self._handing[cid][1]))
             elif self._owner_up_here(cid, msg.node):
                 claim = self.claims[cid]
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
@@ -650,7 +653,7 @@ class SessionMigration:
         new owner only after our acks would send newer messages to it ahead of the ones we pass on (reordering)."""
         for cid, (taker, data, _resumable) in list(self._handing.items()):
             if taker == peer:
-                self.svc.send(peer, SessionState(0, cid, True, data))
+                self.svc.send_behind_holds(peer, SessionState(0, cid, True, data))
         horizon = time.monotonic() - RELEASED_PUSH_S
         for cid, at in list(self._released.items()):
             if at < horizon:
