@@ -452,7 +452,7 @@ class SessionMigration:
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
             elif (answer := self._copy_answer(cid)) is not None:
                 self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
-                self.svc.send(peer, SessionState(msg.request_id, cid, True, answer))
+                self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, answer))  # as a hand-over
             else:
                 self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
                 self.svc.send(peer, SessionState(msg.request_id, cid, False, b""))
