@@ -43,6 +43,7 @@ Real node (broker + SQLite + ClusterWiring) and bare ClusterService peers on loo
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -133,7 +134,8 @@ def _connect(node: Node, cid: str) -> RecordingLink:
 
 async def _with_replicas(peers: tuple[Peer, ...], predicate: Callable[[], object], what: str) -> None:
     """Wait for predicate() while the peers acknowledge every replica operation they get (their commits)."""
-    for _ in range(250):
+    deadline = time.monotonic() + 30.0  # generous: a loaded 2-core machine, never a pass/fail timing
+    while time.monotonic() < deadline:
         for peer in peers:
             peer.ack_replicas()
         if predicate():
@@ -204,8 +206,13 @@ async def _resumed_from(data_dir: Path, ops: list[Replicate], claims: dict[str, 
         pub = links[pub_id]
         nb.broker.handle(nb.broker.sessions[pub_id], pub, Publish("t/x", b"m1", 2, dup=True, packet_id=1))
         await until(lambda: any(isinstance(p, Pubrec) for p in pub.sent), "the PUBREC of pub's resend")
-        await asyncio.sleep(0.1)
-        return [(p.packet_id, p.dup) for p in links[sub_id].sent if isinstance(p, Publish) and p.payload == b"m1"]
+
+        def copies() -> list[tuple[int | None, bool]]:
+            return [(p.packet_id, p.dup) for p in links[sub_id].sent if isinstance(p, Publish) and p.payload == b"m1"]
+
+        await until(copies, "m1's first PUBLISH to s")  # s must get it at least once, however slow the machine
+        await asyncio.sleep(0.3)  # a second copy, routed as new, goes out at once
+        return copies()
     finally:
         await stop_node(nb)
 
@@ -236,6 +243,8 @@ async def test_a_replica_shared_by_publisher_and_online_subscriber_resumes_them_
         before = len(nb.replicated)
 
         na.broker.handle(na.broker.sessions["pub"], pub, Publish("t/x", b"m1", 2, packet_id=1))
+        await until(lambda: {rep.client_id for _p, rep in nb.replicated[before:]} >= {"s", "pub"},
+                    "na's writes for s and pub after m1")
         await asyncio.sleep(0.3)  # nb applies nothing more (its reads stop somewhere in what follows)
         ops = [rep for _p, rep in nb.replicated]
         claims = {cid: wiring.claims[cid] for cid in ("s", "pub")}
