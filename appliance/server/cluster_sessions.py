@@ -1,74 +1,44 @@
-"""Session hand-over for the cluster wiring: replica copies (replica side), takeover and resume from a replica."""
+"""Taking a session over at CONNECT: from its owner, or resumed from a replica; adopting a session handed to us."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from appliance.broker.handover import adopt_session, release_session
+from appliance.broker.handover import adopt_session
 from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord
 from appliance.cluster.ownership import (
     FRESH,
     FROM_REPLICA,
     MIGRATED,
     OP_DROP,
-    OP_ENQUEUE,
-    OP_ENQUEUE_MANY,
-    OP_QOS2_ADD,
-    OP_QOS2_DEL,
-    OP_REMOVE,
-    OP_REMOVE_MANY,
-    OP_SESSION,
-    OP_SNAPSHOT,
-    OP_STRANDED_ADD,
-    OP_STRANDED_DEL,
-    OP_UPDATE,
     Handing,
     ReplicaCopy,
     SessionClaim,
-    apply_op,
     decode_copy,
     decode_handover,
-    decode_qos2_add,
-    decode_stranded_add,
-    decode_text,
-    decode_uint,
-    decode_uints,
-    decode_update,
-    encode_claim,
-    encode_copy,
-    encode_handing,
-    encode_handover,
     extend_lineage,
     extend_marks,
     freshest,
     hands_over,
     queue_position,
 )
-from appliance.cluster.wire import Forward, Repair, Replicate, SessionDone, SessionState, SessionTakeover
+from appliance.cluster.wire import Replicate, SessionDone, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from appliance.broker.broker import Broker
     from appliance.cluster.service import ClusterService
-    from appliance.cluster.wire import ClusterMessage
-    from appliance.store import SqliteStore
-
-    from .cluster_store import ClusterStore
 
 log = logging.getLogger("appliance.cluster")
 SESSIONS = "sessions"
 FROM_OWNER, FROM_COPY, OWNER_UP = 1, 2, 3  # first byte of a SessionState's data (OWNER_UP: "ask the owner")
 FROM_HANDOVER = 4  # a copy of what this node handed to the claim's owner, which has not confirmed it durable yet
-RELEASED_PUSH_S = 300.0  # a session let go this recently has its claim pushed to every peer that links up
 SEEN_PER_SESSION = 16384  # message ids remembered per session, to drop a message that reaches it twice
-RESUME_HOLD_TIMEOUTS = 3  # failure_timeouts a resume we did not object to may take (the asker waits 2 for answers)
 Lineage = tuple[int, dict[str, int], dict[str, int]]  # (claim origin, bases, ingress marks) of a session connecting
-HANDING = "ho"  # KV namespace: client id -> a hand-over not confirmed by its taker (the session's only copy)
 
 
 def seq_key(seq: int) -> str:
@@ -77,13 +47,11 @@ def seq_key(seq: int) -> str:
 
 
 class SessionMigration:
-    """Mixed into ClusterWiring: the replica side of queue replication and the takeover protocol."""
+    """Mixed into ClusterWiring: the taker's side of the takeover protocol."""
 
     node_id: str
     c: dict[str, Any]
     broker: Broker | None
-    inner: SqliteStore
-    store: ClusterStore
     claims: dict[str, SessionClaim]
     copies: dict[str, ReplicaCopy]
     _origin: dict[str, Lineage]
@@ -92,18 +60,15 @@ class SessionMigration:
     _handing: dict[str, Handing]
     _adopted: dict[str, float]  # client id -> epoch of the hand-over adopted here (a resent one is not re-adopted)
     _stand_ins: dict[str, str]  # client id -> old owner whose hand-over had not come when the session started here
-    _released: dict[str, float]  # client id -> when this node let the session go (its claim is pushed on link-up)
     _seen: dict[str, OrderedDict[str, None]]
-    _rep_due: dict[str, int]  # peer -> last replica operation applied in this loop iteration
-    _resumes: dict[str, list[tuple[str, str, int, int]]]  # client id -> [(asker, owner, token, request)]
-    _resume_acked: dict[str, list[tuple[str, Message]]]  # client id -> [(owner, message)] it acked during a hold
     _ups: dict[str, int]  # peer -> how many times its link came up
     r: int
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
     _request_id: int
-    events: Any
-    clock: Callable[[], float]
     pass_on_stranded: Callable[[ReplicaCopy], int]  # IngressGuard: what a copy's owner acked for unreachable targets
+    _held_copy: Callable[[str], tuple[ReplicaCopy | None, bool]]  # HandoverAnswers: what we hold of a session
+    _handed: Callable[[str], None]  # HandoverAnswers: forget a confirmed (or superseded) hand-over
+    _persist_copy: Callable[[str, ReplicaCopy | None, Replicate, bool], None]  # ReplicaCopies: write a copy's change
 
     @property
     def svc(self) -> ClusterService:
@@ -112,10 +77,6 @@ class SessionMigration:
 
     def _emit(self, kind: str, **fields: Any) -> None:
         """Delivery-log event (ClusterWiring)."""
-        raise NotImplementedError
-
-    def _replica_committed(self, peer: str, seq: int) -> None:
-        """Ack a committed replica write (ClusterWiring)."""
         raise NotImplementedError
 
     def _retarget(self, cid: str, old: str, new: str) -> None:
@@ -133,8 +94,6 @@ class SessionMigration:
     def _awaited(self, cid: str) -> str | None:
         """The old owner whose hand-over of a session of ours has not come yet (ClusterWiring)."""
         raise NotImplementedError
-
-
 
     # -- once per session ---------------------------------------------------------------------------------------
     def _remember(self, cid: str, msg_id: str) -> bool:
@@ -159,81 +118,6 @@ class SessionMigration:
         """ClusterStore hook: every durable enqueue (local routing, adoption, forwards)."""
         self._remember(cid, delivery.message.msg_id)
 
-    # -- queue replication (replica side) ------------------------------------------------------------------------
-    def _on_replicate(self, peer: str, rep: Replicate) -> None:
-        """Apply one queue operation to our copy, durably, then ack it."""
-        cid = rep.client_id
-        old = self.copies.get(cid)
-        old_owner, old_version = (old.owner, old.version) if old is not None else (None, -1)
-        new = apply_op(old, peer, rep.op, rep.data)
-        changed = new is not old or (new is not None and new.version != old_version)
-        if changed and new is not None:
-            new.touched = self.clock()
-        if changed:
-            self._persist_copy(cid, new, rep, whole=new is not old or old_owner != peer)
-        due = self._rep_due  # one meta write and one commit callback per peer and loop iteration
-        if not due:
-            asyncio.get_running_loop().call_soon(self._flush_replica_commits)
-        due[peer] = rep.seq
-        if self.events is not None and changed and new is not None and rep.op in (OP_ENQUEUE, OP_ENQUEUE_MANY):
-            for seq in new.added if rep.op == OP_ENQUEUE_MANY else [new.last] if new.last is not None else []:
-                self._emit("replicated", message=new.delivery(seq).message, subscriber=cid, peer_node=peer)
-        if rep.op == OP_SNAPSHOT and new is not None:
-            self._emit("replicated", subscriber=cid, peer_node=peer, reason="snapshot")
-
-    def _flush_replica_commits(self) -> None:
-        """Operations applied this iteration: persist each peer's stream position; ack them all after the commit."""
-        due, self._rep_due = self._rep_due, {}
-        for peer, seq in due.items():
-            self.inner.set_meta(f"cluster.rep.{peer}", str(seq))
-            self.inner.after_commit(self._replica_committed, peer, seq)
-
-    def _persist_copy(self, cid: str, copy: ReplicaCopy | None, rep: Replicate, whole: bool) -> None:
-        """Write what one operation changed in a replica copy (header row, queue rows)."""
-        inner = self.inner
-        if copy is None:
-            self.copies.pop(cid, None)
-            inner.kv_delete("rs", cid)
-            inner.kv_delete_ns(f"rq/{cid}")
-            inner.kv_delete_ns(f"rx/{cid}")
-            return
-        self.copies[cid] = copy
-        ns = f"rq/{cid}"
-        if whole or rep.op in (OP_SESSION, OP_QOS2_ADD, OP_QOS2_DEL, OP_STRANDED_ADD):  # the mark is in the header
-            header = ReplicaCopy(copy.owner, copy.epoch, copy.record, {}, copy.qos2, copy.version, mark=copy.mark)
-            inner.kv_put("rs", cid, encode_copy(header))
-        if whole:  # a publisher's pending / stranded messages: one row each (a restarted replica passes them on)
-            inner.kv_delete_ns(f"rx/{cid}")
-            for key, entry in copy.stranded.items():
-                inner.kv_put(f"rx/{cid}", key, entry)
-        elif rep.op == OP_QOS2_ADD:
-            _pid, mark, entry = decode_qos2_add(rep.data)
-            if entry:
-                inner.kv_put(f"rx/{cid}", f"{mark:020d}/", entry)
-        elif rep.op == OP_STRANDED_ADD:
-            _mark, key, entry = decode_stranded_add(rep.data)
-            inner.kv_put(f"rx/{cid}", key, entry)
-        elif rep.op == OP_STRANDED_DEL:
-            inner.kv_delete(f"rx/{cid}", decode_text(rep.data))
-        if whole:
-            inner.kv_delete_ns(ns)
-            for seq in copy.queue:
-                inner.kv_put(ns, seq_key(seq), copy.encoded(seq))
-        elif rep.op == OP_ENQUEUE:
-            if copy.last is not None:
-                inner.kv_put(ns, seq_key(copy.last), rep.data)
-        elif rep.op == OP_ENQUEUE_MANY:
-            for seq in copy.added:
-                inner.kv_put(ns, seq_key(seq), copy.encoded(seq))
-        elif rep.op == OP_UPDATE:
-            seq = decode_update(rep.data)[0]
-            if seq in copy.queue:
-                inner.kv_put(ns, seq_key(seq), copy.encoded(seq))
-        elif rep.op == OP_REMOVE:
-            inner.kv_delete(ns, seq_key(decode_uint(rep.data)))
-        elif rep.op == OP_REMOVE_MANY:
-            for seq in decode_uints(rep.data):
-                inner.kv_delete(ns, seq_key(seq))
 
     # -- takeover and migration ----------------------------------------------------------------------------------
     def prepare_connect(self, client_id: str, clean_start: bool) -> Coroutine[Any, Any, int] | None:
@@ -409,162 +293,6 @@ class SessionMigration:
                      "an unconfirmed hand-over" if from_handover else "a replica", len(queue), stranded, owner)
         return ReasonCode.SUCCESS
 
-    def _owner_up_here(self, cid: str, asker: str) -> bool:
-        """The session's owner (by our claims) is another node that we reach: the asker only lost its link to it."""
-        claim = self.claims.get(cid)
-        return (claim is not None and claim.owner not in (self.node_id, asker, "")
-                and self.svc.links.is_up(claim.owner))
-
-    def _on_session_message(self, peer: str, msg: ClusterMessage) -> None:
-        """SessionTakeover from a node taking a client over; SessionState answers."""
-        broker = self.broker
-        assert broker is not None
-        if isinstance(msg, SessionTakeover):
-            cid = msg.client_id
-            if cid in broker.sessions:
-                image = release_session(broker, cid, msg.clean_start)
-                assert image is not None
-                record, queue, qos2 = image
-                epoch = self.clock()
-                current = self.claims.get(cid)
-                bases = extend_lineage(current.bases if current else {}, self.node_id, record.next_seq)
-                claim = SessionClaim(msg.node, epoch, MIGRATED, record.expiry_interval > 0, dict(record.subscriptions),
-                                     bases, dict(current.marks) if current else {})
-                # The state goes out before the claim: the new owner adopts the session before its own buffered
-                # forwards to us are retargeted to it (delivered into that session, in order).
-                seen = list(self._seen.pop(cid, {}))
-                data = bytes([FROM_OWNER]) + encode_handover(epoch, record, queue, qos2, seen)
-                # Resent on every link-up until the taker says SessionDone (durable there and on its replicas);
-                # meanwhile the copy a third node may resume from if the taker dies (unless it starts clean).
-                resumable = not msg.clean_start and record.expiry_interval > 0
-                self._hand(cid, (peer, data, resumable))
-                self._released[cid] = time.monotonic()
-                # Behind the holds on the peer's streams: its queue may hold QoS2 messages whose publishers'
-                # replicas lack their packet ids (chaos 70012: sent at once, it overtook them; we died, the taker
-                # delivered them and the publishers' DUP resends were routed as new).
-                self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, data))
-                self.svc.put(SESSIONS, cid, encode_claim(claim))
-                self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
-            elif self._handing.get(cid, ("", b"", False))[0] == peer:  # asked again: the state may have been lost
-                self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, self._handing[cid][1]))
-            elif self._owner_up_here(cid, msg.node):
-                claim = self.claims[cid]
-                self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
-            elif (answer := self._copy_answer(cid)) is not None:
-                self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
-                self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, answer))  # as a hand-over
-            else:
-                self._hold_for_resume(cid, msg.node, msg.clean_start, msg.request_id)
-                self.svc.send(peer, SessionState(msg.request_id, cid, False, b""))
-        elif isinstance(msg, SessionState):
-            pending = self._requests.get(msg.request_id)
-            clean = pending[2] if pending is not None else False
-            if msg.present and msg.data[:1] == bytes([FROM_OWNER]):
-                waiting = pending is not None and not pending[0].done()
-                self._on_handover(peer, msg.client_id, msg.data[1:], clean, waiting)
-                # The old owner lets its hand-over state go only once the session is on disk here and on our
-                # replicas (the ordered after_commit waits for the replica writes the adoption made): if we die
-                # before, it still answers a third node's takeover question with it (FROM_HANDOVER).
-                self.store.after_commit(self.svc.send, peer, SessionDone(msg.request_id, msg.client_id))
-            if pending is not None and not pending[0].done():
-                kind = msg.data[0] if msg.present and msg.data else 0
-                pending[0].set_result((kind, msg.data[1:]))
-        elif isinstance(msg, SessionDone):
-            if msg.request_id and self._end_resume_holds(msg.client_id, peer, msg.request_id):
-                return  # the asker did not resume the session after all
-            if self._handing.get(msg.client_id, ("", b"", False))[0] == peer:
-                self._handed(msg.client_id)
-
-    def _hand(self, cid: str, entry: Handing) -> None:
-        """Keep a hand-over until its taker confirms it, on disk too (written right after the session's deletion):
-        with the answer lost on a dead link it is the session's only copy (the replicas dropped theirs), and this
-        node may be killed and restarted before the link returns."""
-        self._handing[cid] = entry
-        self.inner.kv_put(HANDING, cid, encode_handing(entry))
-
-    def _handed(self, cid: str) -> None:
-        """The taker confirmed the hand-over (or it was superseded): forget it."""
-        del self._handing[cid]
-        self.inner.kv_delete(HANDING, cid)
-
-    def _held_copy(self, cid: str) -> tuple[ReplicaCopy | None, bool]:
-        """What we hold of a session owned elsewhere: our replica copy or, while the claim's owner has not confirmed
-        a hand-over we made to it, that hand-over's state (the freshest of the two; True if the hand-over). Our
-        hand-over is the session's only copy besides the taker's disk until the taker's replicas hold it (chaos
-        10171, 10427: the taker died or was cut off right after the hand-over; the session restarted fresh)."""
-        copy = self.copies.get(cid)
-        taker, data, resumable = self._handing.get(cid, ("", b"", False))
-        claim = self.claims.get(cid)
-        if resumable and claim is not None and claim.owner == taker:
-            epoch, record, queue, qos2, seen = decode_handover(data[1:])
-            handed = ReplicaCopy(taker, epoch, record, {d.seq: d for d in queue}, set(qos2),
-                                 seen=OrderedDict.fromkeys(seen))
-            for delivery in queue:
-                handed.note(delivery.message.msg_id)
-            if copy is None or freshest([copy, handed]) is handed:
-                return handed, True
-        return copy, False
-
-    def _copy_answer(self, cid: str) -> bytes | None:
-        """_held_copy as a takeover answer (FROM_HANDOVER / FROM_COPY); None if we hold nothing."""
-        copy, handed = self._held_copy(cid)
-        return None if copy is None else bytes([FROM_HANDOVER if handed else FROM_COPY]) + encode_copy(copy)
-
-    # -- heal-time hold ------------------------------------------------------------------------------------------
-    def _hold_for_resume(self, cid: str, asker: str, clean_start: bool, request_id: int) -> None:
-        """We answered `asker` without objecting to its resuming `cid` from a replica (its owner is unreachable
-        here). Until its claim arrives (or it gives up, or RESUME_HOLD_TIMEOUTS pass) our forwards to the owner,
-        buffered ones included, stay unsent: at a link-up that crossed our answer the owner would queue them as
-        its own and hand them over only once it learnt the new claim, after newer ones (chaos 8033). Held, they
-        follow the claim (retargeted, in order, before anything newer)."""
-        claim = self.claims.get(cid)
-        if clean_start or claim is None or not claim.persistent or claim.owner in (self.node_id, asker, ""):
-            return
-        token = self.svc.hold(claim.owner, buffered=True)
-        self._resumes.setdefault(cid, []).append((asker, claim.owner, token, request_id))
-        asyncio.get_running_loop().call_later(RESUME_HOLD_TIMEOUTS * self.c["failure_timeout"],
-                                              self._end_resume_holds, cid, "", 0, token)
-
-    def _end_resume_holds(self, cid: str, asker: str = "", request_id: int = 0, token: int = 0,
-                          owner: str = "") -> bool:
-        """Release heal-time holds of `cid`: those of one asker's request, one token, or those for a node that no
-        longer owns it (`owner`: the new claim's); forwards no other hold covers go out in order. True if any."""
-        kept, ended = [], False
-        for entry in self._resumes.get(cid, []):
-            if ((asker and (entry[0], entry[3]) != (asker, request_id)) or (token and entry[2] != token)
-                    or (owner and owner == entry[1])):
-                kept.append(entry)
-            else:
-                self.svc.release(entry[1], entry[2])
-                ended = True
-        if kept:
-            self._resumes[cid] = kept
-        else:
-            self._resumes.pop(cid, None)
-        held = {entry[1] for entry in kept}
-        acked = [item for item in self._resume_acked.pop(cid, []) if item[0] in held]
-        if acked:
-            self._resume_acked[cid] = acked
-        return ended
-
-    def _acked_during_hold(self, peer: str, released: list[Forward]) -> None:
-        """`peer` acknowledged forwards while we hold its stream for a resume of a session of its: it read them
-        before our answer (then froze, or its link dropped, with its replica's ack out), so the copy the asker
-        resumed from may lack them, and `peer` passes them on only once it learns the new claim, after the newer
-        forwards our hold kept (chaos 30624, reordered). They follow the claim too, ahead of those (the new owner
-        drops a copy it has by message id)."""
-        for fwd in released:
-            for cid in fwd.clients:
-                if any(entry[1] == peer for entry in self._resumes.get(cid, ())):
-                    self._resume_acked.setdefault(cid, []).append((peer, fwd.message))
-
-    def _take_acked_during_hold(self, cid: str, old: str) -> list[Message]:
-        """The messages `old` acknowledged for `cid` during a hold (_acked_during_hold), oldest first."""
-        items = self._resume_acked.pop(cid, [])
-        kept = [item for item in items if item[0] != old]
-        if kept:
-            self._resume_acked[cid] = kept
-        return [message for owner, message in items if owner == old]
 
     def _on_handover(self, peer: str, cid: str, data: bytes, clean: bool, waiting: bool) -> None:
         """The owner let a session go to us: adopt it now, in stream order, even if we gave up asking (it is gone
@@ -646,19 +374,3 @@ class SessionMigration:
         claim = self.claims.get(cid)
         return (claim is not None and claim.owner == self.node_id and claim.epoch >= epoch
                 and self.broker is not None and cid in self.broker.sessions)
-
-    def _resend_handovers(self, peer: str) -> None:
-        """A link to `peer` is up: hand-overs it has not confirmed go out again (it adopts each one once), and the
-        claims of sessions we let go lately, before any ack of the peer's resent forwards: a sender that learnt the
-        new owner only after our acks would send newer messages to it ahead of the ones we pass on (reordering)."""
-        for cid, (taker, data, _resumable) in list(self._handing.items()):
-            if taker == peer:
-                self.svc.send_behind_holds(peer, SessionState(0, cid, True, data))
-        horizon = time.monotonic() - RELEASED_PUSH_S
-        for cid, at in list(self._released.items()):
-            if at < horizon:
-                del self._released[cid]
-        if self._released:
-            clocks = self.svc.spaces[SESSIONS].clocks_for(self._released)
-            if clocks:
-                self.svc.send(peer, Repair(SESSIONS, clocks))
