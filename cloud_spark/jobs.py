@@ -11,9 +11,10 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, DataFrameWriter, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from cloud_spark import clock, fate, ingest, latency, ordering, rollups, stamps
-from cloud_spark.schema import VERSIONS, VersionSpec, parse_schema
+from cloud_spark.schema import VERSIONS, VersionSpec, canonical_schema, parse_schema
 from cloud_spark.summary import build_summary
 
 TIMED_COLUMNS = ("fleet", "node", "device", "boot_id", "source", "kind", "msg_id", "subscriber", "publisher",
@@ -70,6 +71,17 @@ def read_parquet_segments(spark: SparkSession, root: str, versions: Mapping[int,
     return _with_path_columns(df, fleets, dates, keep=True)
 
 
+def events_schema(versions: Mapping[int, VersionSpec] = VERSIONS) -> T.StructType:
+    """The `events` table's columns (what ingest writes): the canonical record, its `date` and its `copies`."""
+    return T.StructType([*canonical_schema(versions).fields, T.StructField("date", T.StringType()),
+                         T.StructField("copies", T.LongType())])
+
+
+def read_events(spark: SparkSession, out: str, versions: Mapping[int, VersionSpec] = VERSIONS) -> DataFrame:
+    """OUT/events read with its explicit schema: a table no segment has written to yet reads as empty, not an error."""
+    return spark.read.schema(events_schema(versions)).parquet(f"{out}/events")
+
+
 def _has_files(root: str, suffix: str) -> bool:
     """Whether root holds any file ending in suffix (always assumed for object-store URLs: Spark lists those)."""
     return "://" in root or any(Path(root).rglob(f"*{suffix}"))
@@ -86,7 +98,11 @@ def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | 
     with step("ingest: read, validate, dedupe, write events + quarantine"):
         parts: list[DataFrame] = []
         has_json = _has_files(src, ".jsonl.gz")
-        if parquet and (_has_files(src, ".parquet") or not has_json):  # an empty upload gives empty tables
+        has_parquet = parquet and _has_files(src, ".parquet")
+        if not has_parquet and not has_json:
+            print(f"[cloud_spark] ingest: no segment (*.parquet, *.jsonl.gz) under {src}: the tables stay empty",
+                  file=sys.stderr, flush=True)
+        if parquet and (has_parquet or not has_json):  # an empty upload gives empty tables
             typed = ingest.typed_records(read_parquet_segments(spark, src, versions, fleets, dates), versions)
             parts.append(ingest.with_typed_reject_reason(typed, versions))
         if has_json:
@@ -116,12 +132,12 @@ def ingest_job(spark: SparkSession, src: str, out: str, fleets: Sequence[str] | 
         finally:
             if has_json:
                 checked.unpersist()
-    return ingest_stats(spark, out)
+    return ingest_stats(spark, out, versions)
 
 
-def ingest_stats(spark: SparkSession, out: str) -> dict[str, object]:
+def ingest_stats(spark: SparkSession, out: str, versions: Mapping[int, VersionSpec] = VERSIONS) -> dict[str, object]:
     """Counts over what ingest wrote: events kept, duplicate copies removed, rejects per reason."""
-    ev = spark.read.parquet(f"{out}/events").agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("d"))
+    ev = read_events(spark, out, versions).agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("d"))
     row = ev.first()
     q = spark.read.schema(ingest.QUARANTINE_SCHEMA).parquet(f"{out}/quarantine").groupBy("reason").count().collect()
     return {"events": int(row["n"] or 0) if row else 0, "duplicates_removed": int(row["d"] or 0) if row else 0,
@@ -129,9 +145,14 @@ def ingest_stats(spark: SparkSession, out: str) -> dict[str, object]:
 
 
 def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
-                grace_us: int = fate.DEFAULT_GRACE_US, ingest_summary: dict[str, object] | None = None) -> dict:
-    """events -> clocks, fate, ordering, latency, roll-ups, incidents (Parquet) and summary.json."""
-    events = spark.read.parquet(f"{out}/events")
+                grace_us: int = fate.DEFAULT_GRACE_US, ingest_summary: dict[str, object] | None = None,
+                versions: Mapping[int, VersionSpec] = VERSIONS) -> dict:
+    """events -> clocks, fate, ordering, latency, roll-ups, incidents (Parquet) and summary.json.
+
+    Without any event every table is written empty (with its columns) and the summary counts zeros; its window end
+    is null unless given.
+    """
+    events = read_events(spark, out, versions)
     with step("analyze: clocks"):
         per_place = clock.place_clocks(events).cache()  # one pass over the events; small
         try:
@@ -142,14 +163,16 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
             per_place.unpersist()
     places = spark.read.parquet(f"{out}/places")
     if window_end_us is None:
-        window_end_us = int(clocks.agg(F.max("last_us")).first()[0])  # type: ignore[index]
+        last = clocks.agg(F.max("last_us")).first()[0]  # type: ignore[index]
+        window_end_us = None if last is None else int(last)  # None: not a single event
+    end_us = 0 if window_end_us is None else window_end_us  # without events nothing is measured against it
     # each analysis pass reads only the columns it needs straight from Parquet: cheaper than building a cache
     timed = clock.with_event_time(events, places).select(*TIMED_COLUMNS)
     with step("analyze: message fate"):
         drops = fate.drops(timed).cache()  # one pass for the pairs' and the ingress drops; small
         try:
             facts = fate.fates(fate.pairs(timed, drops), fate.messages(timed), fate.receipts(timed),
-                               fate.logged_clients(places), places, window_end_us, grace_us)
+                               fate.logged_clients(places), places, end_us, grace_us)
             overwrite(facts, "fate").partitionBy("fleet", "date").parquet(f"{out}/fate")
             fate.ingress_drops(drops).write.mode("overwrite").parquet(f"{out}/ingress_drops")
         finally:
@@ -175,7 +198,7 @@ def analyze_job(spark: SparkSession, out: str, window_end_us: int | None = None,
             sets.unpersist()
         life = rollups.lifecycle(timed).cache()  # windows and crash evidence from one pass; small
         try:
-            inc = rollups.incidents(life, timed, window_end_us)
+            inc = rollups.incidents(life, timed, end_us)
             rollups.incident_impact(inc, fates, late).write.mode("overwrite").parquet(f"{out}/incidents")
         finally:
             life.unpersist()

@@ -45,7 +45,10 @@ def _latency(spark: SparkSession, out: str, path: Path) -> None:
     ax.set_xlabel("latency (ms, log scale)")
     ax.set_ylabel("messages")
     ax.set_title("Latency distribution per hop (trusted clocks only)")
-    ax.legend(fontsize=8)
+    if hist.empty:
+        ax.text(0.5, 0.5, "no latency measured", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

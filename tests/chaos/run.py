@@ -19,10 +19,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator, Set
 from dataclasses import asdict, dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
+
+from tests.harness.netns import owned, remove_owned
 
 from .checker import COUNTS, ERRORS, Result, check
 from .history import read_history
@@ -222,7 +225,19 @@ def run_many(configs: list[RunConfig], out: Path, keep: bool = False, say: Any =
         if stop_at is not None and time.monotonic() >= stop_at:
             break
         workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.seed}-"))
-        _settle(run_once(config, workdir, i), out, keep, say, totals)
+        spare, spare_ns = descendants(os.getpid()), owned(os.getpid())  # what this process had before the run
+        try:
+            outcome = run_once(config, workdir, i)
+        except (KeyboardInterrupt, SystemExit):  # run_once's own cleanup may itself have been cut short
+            with _signals_ignored():
+                for pid in kill_tree(os.getpid(), spare):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, 0)
+                remove_owned(os.getpid(), spare_ns)
+                shutil.rmtree(workdir, ignore_errors=True)
+            totals.interrupted = True
+            break
+        _settle(outcome, out, keep, say, totals)
     return totals
 
 
@@ -246,6 +261,8 @@ def _work(workdir: Path, index: int, config: RunConfig) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the runner alone handles it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     outcome = run_once(config, workdir, index)
     (workdir / "outcome.pickle").write_bytes(pickle.dumps(outcome))
 
@@ -264,8 +281,8 @@ def _collect(index: int, config: RunConfig, proc: BaseProcess, workdir: Path) ->
 
 def run_parallel(configs: list[RunConfig], jobs: int, stop_at: float | None, settle: Any) -> bool:
     """Keep `jobs` worker processes busy until every config ran (or `stop_at` passed); settle each outcome as it
-    arrives. Interrupted (SIGTERM / Ctrl-C), it stops the workers, whose runs clean up, counts no partial run and
-    returns True."""
+    arrives. Interrupted (SIGTERM / Ctrl-C), it ends the runs under way itself (stop_worker: their processes and
+    namespaces, nobody else's), counts no partial run and returns True."""
     pending = list(enumerate(configs, 1))
     pending.reverse()
     running: dict[int, tuple[RunConfig, BaseProcess, Path]] = {}
@@ -273,7 +290,11 @@ def run_parallel(configs: list[RunConfig], jobs: int, stop_at: float | None, set
         while running or (pending and (stop_at is None or time.monotonic() < stop_at)):
             while pending and len(running) < jobs and (stop_at is None or time.monotonic() < stop_at):
                 index, config = pending.pop()
-                running[index] = (config, *_spawn_worker(index, config))
+                signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a forked worker is tracked before
+                try:  # an interruption is handled (the worker unblocks them itself)
+                    running[index] = (config, *_spawn_worker(index, config))
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
             time.sleep(0.2)
             for index in [i for i, (_, proc, _) in running.items() if proc.exitcode is not None]:
                 config, proc, workdir = running.pop(index)
@@ -282,16 +303,70 @@ def run_parallel(configs: list[RunConfig], jobs: int, stop_at: float | None, set
     except (KeyboardInterrupt, SystemExit):
         return True
     finally:
-        for _, proc, _ in running.values():
-            if proc.exitcode is None:
-                proc.terminate()
-        for _, proc, workdir in running.values():
-            proc.join(90)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join(10)
-            shutil.rmtree(workdir, ignore_errors=True)
+        with _signals_ignored():  # a second signal must not cut the teardown short
+            for _, proc, workdir in running.values():
+                if proc.pid is not None:
+                    stop_worker(proc.pid)
+                proc.join(30)
+                shutil.rmtree(workdir, ignore_errors=True)
     return False
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGTERM and SIGINT are ignored inside the block (and their handlers restored after it)."""
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below root (by parent pid, whatever its session or namespace), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(root: int, spare: Set[int] = frozenset()) -> set[int]:
+    """SIGKILL every process below root but those in spare; each is frozen (SIGSTOP) first, until no new one
+    appears, so none can start another meanwhile. Returns the pids killed."""
+    frozen: set[int] = set()
+    while new := descendants(root) - spare - frozen:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= new
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return frozen
+
+
+def stop_worker(pid: int) -> None:
+    """End a run's worker and everything it started: its nodes and clients (SIGKILL), its namespaces and bridge."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)  # it starts nothing more
+    kill_tree(pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    remove_owned(pid)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -335,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
           f"of {args.runs}{' (interrupted)' if totals.interrupted else ''} load={load}", flush=True)
     if totals.failed:
         print(f"failed runs: {[o.index for o in totals.failed]} (logs under {args.out})")
-    return 1 if totals.failed else 0
+    return 1 if totals.failed or totals.interrupted else 0
 
 
 if __name__ == "__main__":

@@ -81,6 +81,22 @@ def clean_leftovers() -> list[str]:
     return removed
 
 
+def owned(owner: int) -> frozenset[str]:
+    """The namespaces process `owner` created (`aplt<owner>-...`) that exist now; none where `ip` is missing."""
+    if shutil.which("ip") is None:
+        return frozenset()
+    names = (line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines() if line.strip())
+    return frozenset(ns for ns in names if ns.startswith(f"{PREFIX}{owner}-"))
+
+
+def remove_owned(owner: int, spare: frozenset[str] = frozenset()) -> list[str]:
+    """Kill the processes in, and delete, every namespace process `owner` created (but those in spare)."""
+    removed = sorted(owned(owner) - spare)
+    for ns in removed:
+        _kill_namespace(ns)
+    return removed
+
+
 @dataclass
 class NodeProcess:
     """A process started inside one node's namespace, with its output captured to a file."""

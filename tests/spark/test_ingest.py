@@ -138,3 +138,11 @@ def test_a_days_rejects_are_quarantined_when_other_days_are_already_ingested(spa
                                      "event_id string, reason string, path_date string")
     assert_df_equality(q, expected, ignore_nullable=True)
     assert stats["events"] == 6 and stats["quarantined"] == {"unknown kind: vanished": 1}
+
+
+def test_the_schema_the_jobs_read_events_with_is_the_one_ingest_writes(spark: Any,
+                                                                       ingested: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = ingested
+    written = spark.read.parquet(f"{out}/events").schema  # inferred from the files
+    given = jobs.read_events(spark, str(out), TWO_VERSIONS).schema
+    assert [(f.name, f.dataType) for f in given] == [(f.name, f.dataType) for f in written]
