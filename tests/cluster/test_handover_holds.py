@@ -10,7 +10,8 @@ the hand-over, resumed pub2 from its copy without ids 25-27, and node1 resumed p
 were routed as new and sub0 got pub2#25-#27 and pub3#25 twice.
 
 Now a hand-over waits for the holds on the taker's streams placed before it, and goes after the replica operations
-they held (the forwards submitted after it follow it).
+they held (the forwards submitted after it follow it). Chaos seed 70260, the same race in another shape, has its own
+replay below.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import MIGRATED, OP_QOS2_ADD, OP_SNAPSHOT, SessionClaim, encode_claim
 from appliance.cluster.wire import SessionState, SessionTakeover
+from appliance.server.node import Node
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 
 SUBS = {"t/#": SubscriptionOptions(qos=2)}
@@ -79,6 +81,68 @@ async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos
         await until(lambda: [m for m in nc.session_messages if isinstance(m, SessionState)], "the hand-over at nc")
         q_ids = [r for _p, r in nc.replicated if r.client_id == q and r.op == OP_QOS2_ADD]
         assert q_ids, "the hand-over (m2 queued) reached nc ahead of q's packet id operation"
+    finally:
+        if acking is not None:
+            acking.cancel()
+        for peer in (nb, nc):
+            await peer.svc.async_stop()
+        await stop_node(na)
+
+
+def _publish_qos2(na: Node, msg_id: str, publisher: str, pid: int) -> None:
+    """What the broker does for a client's QoS2 PUBLISH (id stored, replicated with the message, routed)."""
+    wiring = wiring_of(na)
+    message = Message(msg_id, "t/x", b"x", 2, False, publisher, 1000.0)
+    na.broker.sessions[publisher].incoming_qos2[pid] = None
+    wiring.store.save_incoming_qos2(publisher, pid, None)
+    wiring.qos2_received(message)
+    reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
+    wiring.route_remote(message, chosen)
+    assert reached == 1
+
+
+async def test_a_hand_over_waits_for_every_unacknowledged_qos2_id_of_two_publishers_on_a_third_node(
+        tmp_path: Path) -> None:
+    """Chaos seed 70260 (batch of b17eeca: pub2#35-36 and pub3#33-34 twice to sub0, QoS2), 70012's race in another
+    shape: node0 owned pub2 and pub3 (both replicated on node1, which committed slowly) and the offline sub0; node2,
+    no replica of either, took sub0 over (01:38:29.372, 47 queued) while node1 held pub2's id 34 but not 35-36, and
+    pub3's 31-32 but not 33-34. node0 was SIGKILLed ~0.14 s later; node2 delivered #33-#36/#29-#34 from the hand-over,
+    node1 resumed pub2/pub3 without those ids and routed their DUP resends as new. Here na owns p and q (replica nb)
+    and s; nb acknowledged p's and q's first ids, not their second: nc's takeover must get no hand-over until it did."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=2.0)
+    wiring = wiring_of(na)
+    p, q, s = _pick("p", "nb"), _pick("q", "nb"), _pick("s", "nb")
+    nb, nc = Peer("nb"), Peer("nc")
+    acking: asyncio.Task[None] | None = None
+    try:
+        for peer in (nb, nc):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        acking = asyncio.get_running_loop().create_task(_acking(nc))
+        for cid, subs in ((s, SUBS), (p, {}), (q, {})):
+            wiring.svc.put("sessions", cid, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(subs))))
+            adopt_session(na.broker, SessionRecord(cid, 1, 3600, subscriptions=dict(subs)), [], [])
+        await until(lambda: {r.client_id for _p, r in nb.replicated if r.op == OP_SNAPSHOT} >= {p, q, s}, "snapshots")
+        nb.ack_replicas()
+
+        def ids_at_nb() -> set[str]:
+            return {r.client_id for _p, r in nb.replicated if r.op == OP_QOS2_ADD}
+
+        _publish_qos2(na, "p1", p, 1)
+        _publish_qos2(na, "q1", q, 1)
+        await until(lambda: ids_at_nb() == {p, q}, "p's and q's first ids at nb")
+        nb.ack_replicas()  # nb holds p1's and q1's ids; p2's and q2's stay unacknowledged
+        _publish_qos2(na, "p2", p, 2)
+        _publish_qos2(na, "q2", q, 2)
+        await until(lambda: [d.message.msg_id for d in na.broker.sessions[s].queue] == ["p1", "q1", "p2", "q2"],
+                    "s queued")
+
+        nc.svc.send("na", SessionTakeover(7, s, "nc", False))
+        await asyncio.sleep(0.3)
+        assert not [m for m in nc.session_messages if isinstance(m, SessionState)], \
+            "the hand-over of s (p2, q2 queued) reached nc while nb did not hold their publishers' packet ids"
+        nb.ack_replicas()
+        await until(lambda: [m for m in nc.session_messages if isinstance(m, SessionState)], "the hand-over at nc")
     finally:
         if acking is not None:
             acking.cancel()
