@@ -45,7 +45,8 @@ async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos
     """na owns p (replica nb, which lags), q (replica nc) and the offline s, queued with p's QoS2 m1 and then q's
     QoS2 m2 (q's id operation to nc is held behind p's id, as all replica operations to nc are). nc takes s over:
     the hand-over (with m1, m2) must not reach nc before nb acknowledged p's id 1, and must follow q's id operation
-    on nc's stream. Before the fix it went out at once, m1's id on nb unacknowledged and m2's id unsent to nc."""
+    on nc's stream. Before the fix it went out at once, m1's id on nb unacknowledged and m2's id unsent to nc.
+    Also chaos seed 70353 (pub2#38-39 twice to sub1): p = pub2 (replica node1, lagging), s = sub1, taker node2."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
     wiring = wiring_of(na)
     p, q, s = _pick("p", "nb"), _pick("q", "nc"), _pick("s", "nb")
