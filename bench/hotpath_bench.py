@@ -68,7 +68,7 @@ class _Transport:
 
 
 class _ListSink:
-    """The DeliveryLog's hot methods into its lanes, emptied at each flush: calls + values, no drain thread."""
+    """The DeliveryLog's hot emitters into its lanes, emptied at each flush: calls + values, no drain thread."""
 
     def __init__(self) -> None:
         from appliance.deliverylog.batch import LANE_KINDS
@@ -76,7 +76,7 @@ class _ListSink:
 
         self._lanes: list[list[Any]] = [[] for _ in range(1 + len(LANE_KINDS))]
         DeliveryLog._queue_to_lanes(self)  # type: ignore[arg-type]
-        for name in ("emit", "received", "committed", "routed", "delivered", "acked"):
+        for name in ("emit", "received"):
             setattr(self, name, types.MethodType(getattr(DeliveryLog, name), self))
 
     def flush(self) -> None:

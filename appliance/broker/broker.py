@@ -34,7 +34,7 @@ from appliance.protocol.topics import validate_topic_filter
 from .acl import READ, WRITE, Acl
 from .metrics import Metrics
 from .model import DeliveryState, Message, SessionRecord, SubscriptionOptions
-from .ports import ClusterPort, EventSink, Snapshot, Store
+from .ports import ClusterPort, EventSink, Snapshot, Store, event_clock
 from .router import Router
 from .session import ClientLink, Session
 from .settings import NEVER_EXPIRES, BrokerSettings
@@ -420,7 +420,7 @@ class Broker:
 
     def _committed(self, message: Message, session: Session, link: ClientLink, ack: Ack) -> None:
         if self.events is not None:
-            self.events.committed(message)
+            self.events.record_committed((event_clock(), message.msg_id))
         self._send_ack(session, link, ack)
 
     def _on_puback(self, session: Session, link: ClientLink, packet: Puback | Pubcomp) -> None:
@@ -428,7 +428,7 @@ class Broker:
         if delivery is not None:
             self.metrics.messages_out[delivery.qos] += 1
             if self.events is not None:
-                self.events.acked(delivery.message, session.client_id, delivery.qos)
+                self.events.record_acked((event_clock(), delivery.message.msg_id, session.client_id, delivery.qos))
 
     def _on_pubrec(self, session: Session, link: ClientLink, packet: Pubrec) -> None:
         if packet.reason_code >= 0x80:  # the client refused it: the flow ends here [MQTT-4.3.3-?]

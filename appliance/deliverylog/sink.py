@@ -52,6 +52,11 @@ class DeliveryLog:
     JSON Lines (`format="jsonl.gz"`, the open one the same gzip stream, at `gzip_level`, default 6).
     """
 
+    record_committed: Callable[[tuple[Any, ...]], None]  # the EventSink's per-delivery events: its lanes' extends
+    record_routed: Callable[[tuple[Any, ...]], None]
+    record_delivered: Callable[[tuple[Any, ...]], None]
+    record_acked: Callable[[tuple[Any, ...]], None]
+
     def __init__(
         self,
         directory: str,
@@ -109,8 +114,10 @@ class DeliveryLog:
         self._error: BaseException | None = None
         if strict:
             self.emit = self._emit_strict  # type: ignore[method-assign]
-            for kind in LAYOUTS:
-                setattr(self, kind, self._checked(kind, getattr(self, kind)))
+            self.received = self._checked("received", self.received)  # type: ignore[method-assign]
+            for kind in LANE_KINDS[1:]:
+                name = f"record_{kind}"
+                setattr(self, name, self._checked_record(kind, getattr(self, name)))
         self._offset_before = _clock_offset()  # read before the first slice: brackets every queued event's instant
         self._thread = threading.Thread(target=self._run, name="deliverylog-writer", daemon=True)
         self._thread.start()
@@ -139,30 +146,31 @@ class DeliveryLog:
                         publisher_packet_id))
 
     def committed(self, message: Any) -> None:
-        """The message is on disk here."""
-        self._committed((_mono_ns(), message.msg_id))
+        """The message is on disk here (the broker calls record_committed)."""
+        self.record_committed((_mono_ns(), message.msg_id))
 
     def routed(self, message: Any, subscriber: str, topic_filter: str, qos: int) -> None:
-        """The message matched one subscriber's filter."""
-        self._routed((_mono_ns(), message.msg_id, subscriber, topic_filter, qos))
+        """The message matched one subscriber's filter (the broker calls record_routed)."""
+        self.record_routed((_mono_ns(), message.msg_id, subscriber, topic_filter, qos))
 
     def delivered(self, message: Any, subscriber: str, qos: int, dup: bool, attempt: int) -> None:
-        """A PUBLISH of the message went to the subscriber."""
-        self._delivered((_mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
+        """A PUBLISH of the message went to the subscriber (the broker calls record_delivered)."""
+        self.record_delivered((_mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
 
     def acked(self, message: Any, subscriber: str, qos: int) -> None:
-        """The subscriber acknowledged the message (PUBACK / PUBCOMP)."""
-        self._acked((_mono_ns(), message.msg_id, subscriber, qos))
+        """The subscriber acknowledged the message: PUBACK / PUBCOMP (the broker calls record_acked)."""
+        self.record_acked((_mono_ns(), message.msg_id, subscriber, qos))
 
     def _queue_to_lanes(self) -> None:
-        """Point every emitter at its lane's extend."""
+        """Point every emitter at its lane's extend (the record_* callables are those extends themselves)."""
         extends = [lane.extend for lane in self._lanes]
-        self._extend, self._received, self._committed, self._routed, self._delivered, self._acked = extends
+        self._extend, self._received = extends[0], extends[1]
+        self.record_committed, self.record_routed, self.record_delivered, self.record_acked = extends[2:]
 
     def _stop_queueing(self) -> None:
         """Point every emitter at _discard (after close() or a writer failure)."""
-        self._extend = self._received = self._committed = self._discard
-        self._routed = self._delivered = self._acked = self._discard
+        self._extend = self._received = self._discard
+        self.record_committed = self.record_routed = self.record_delivered = self.record_acked = self._discard
 
     @staticmethod
     def _checked(kind: str, method: Callable[..., None]) -> Callable[..., None]:
@@ -177,6 +185,22 @@ class DeliveryLog:
                 if problem:
                     raise ValueError(f"{kind}: {problem}")
             method(message, *values)
+
+        return checked
+
+    @staticmethod
+    def _checked_record(kind: str, record: Callable[[tuple[Any, ...]], None]) -> Callable[[tuple[Any, ...]], None]:
+        """A record_<kind> callable that first checks its tuple (clock ns, *values) against the schema (for tests)."""
+        names = LAYOUTS[kind]
+
+        def checked(values: tuple[Any, ...]) -> None:
+            if type(values) is not tuple or len(values) != 1 + len(names) or type(values[0]) is not int:
+                raise ValueError(f"record_{kind}: expects (clock ns, {', '.join(names)}), got {values!r}")
+            for name, value in zip(names, values[1:], strict=True):
+                problem = field_problem(name, value)
+                if problem:
+                    raise ValueError(f"record_{kind}: {problem}")
+            record(values)
 
         return checked
 
