@@ -137,14 +137,16 @@ class SessionMigration:
     async def _async_stand_in(self, cid: str, old: str) -> int:
         """CONNECT for a session of ours whose claim came before its hand-over from `old` (_await_handover): asked
         again, `old` resends it (adopted on arrival, in order). If it cannot (unreachable, or it no longer holds
-        one), the session starts here, fresh, and the hand-over joins it if it comes later (late, not lost; before,
-        it was taken for one already adopted here and its queue was dropped)."""
+        one), the session starts here from its claim (_stand_in) and the hand-over joins it if it comes later (late,
+        not lost; before, it was taken for one already adopted here and its queue was dropped). Not a new session
+        from the broker: without the claim's subscriptions the forwards buffered for `old`, retargeted into it,
+        matched nothing and were dropped, and the client was told session present = 0 (chaos 70533, 89 lost)."""
         if self.svc.links.is_up(old):
             answer = await self._async_ask(old, cid, False)
             if answer is not None and answer[0] == FROM_OWNER:
                 return ReasonCode.SUCCESS  # adopted when the state arrived
         if self._awaited(cid) == old:
-            self._stand_ins[cid] = old
+            self._stand_in(cid, old)
             self._origin[cid] = (FRESH, {}, {})  # it does not continue old's state (yet): a loser hands over all
         return ReasonCode.SUCCESS
 
