@@ -81,9 +81,9 @@ def adopt_session(broker: Broker, record: SessionRecord, queue: list[Delivery], 
     return session
 
 
-def deliver_forwarded(broker: Broker, message: Message, clients: tuple[str, ...]) -> tuple[list[str], bool]:
+def deliver_forwarded(broker: Broker, message: Message, clients: tuple[str, ...]) -> list[str]:
     """Deliver a message another node forwarded to the named local sessions (their subscriptions decide QoS, retain
-    flag and identifiers); returns (named clients with no session here, whether anything was written)."""
+    flag and identifiers); returns the clients that took it (queued it, or were sent it at QoS 0)."""
     wanted = set(clients)
     targets: dict[str, tuple[int, bool, list[int], str]] = {}
     match = broker.router.tree.match(message.topic)
@@ -94,11 +94,15 @@ def deliver_forwarded(broker: Broker, message: Message, clients: tuple[str, ...]
         for client_id, options in members.items():
             if client_id in wanted and client_id not in targets:
                 Router._aggregate(targets, client_id, topic_filter, options, message)
-    persisted = False
+    took = []
     for client_id, (qos, retain, sub_ids, topic_filter) in targets.items():
         session = broker.sessions.get(client_id)
-        if session is not None and broker.router.deliver(session, message, qos, retain, sub_ids, topic_filter):
-            persisted = True
-    missing = [c for c in clients if c not in broker.sessions]
-    return missing, persisted
+        if session is None:
+            continue
+        before = session.record.next_seq  # a queued delivery takes the next seq; a dropped one none
+        online = qos == 0 and session.link is not None
+        broker.router.deliver(session, message, qos, retain, sub_ids, topic_filter)
+        if online or session.record.next_seq != before:
+            took.append(client_id)
+    return took
 

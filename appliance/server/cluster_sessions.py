@@ -108,6 +108,11 @@ class SessionMigration:
             seen.popitem(last=False)
         return True
 
+    def _had(self, cid: str, msg_id: str) -> bool:
+        """The message was queued for (or sent to) the session here already, or by an owner before it."""
+        seen = self._seen.get(cid)
+        return seen is not None and msg_id in seen
+
     def _is_qos2(self, cid: str, packet_id: int | None) -> bool:
         """ClusterStore hook: the delivery in flight under packet_id is QoS2 (its SENT state is replicated)."""
         session = self.broker.sessions.get(cid) if self.broker is not None and self.r > 1 else None

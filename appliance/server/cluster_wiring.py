@@ -361,13 +361,15 @@ class ClusterWiring(QueueReplication, ClaimRouting, SessionMigration, HandoverAn
     def _deliver_here(self, message: Message, clients: tuple[str, ...]) -> list[str]:
         """Deliver a forwarded message to the named local sessions that have not had it yet; return the named
         clients with no session here. A message can reach a session twice when a forward in flight is retargeted
-        after its subscriber moved, or handed over by a node whose claim lost; the second copy is dropped."""
+        after its subscriber moved, or handed over by a node whose claim lost; the second copy is dropped. Only a
+        session that took it remembers its id: one that did not (no subscription matched, QoS 0 offline, queue
+        full) must not drop a later copy it would take."""
         broker = self.broker
         assert broker is not None
         sessions = broker.sessions
-        fresh = tuple(c for c in clients if c not in sessions or self._remember(c, message.msg_id))
-        if fresh:
-            deliver_forwarded(broker, message, fresh)
+        fresh = tuple(c for c in clients if c in sessions and not self._had(c, message.msg_id))
+        for cid in deliver_forwarded(broker, message, fresh) if fresh else ():
+            self._remember(cid, message.msg_id)
         return [c for c in clients if c not in sessions]
 
     def _forward_committed(self, peer: str, seq: int) -> None:
