@@ -109,7 +109,9 @@ async def test_a_hand_over_waits_for_every_unacknowledged_qos2_id_of_two_publish
     no replica of either, took sub0 over (01:38:29.372, 47 queued) while node1 held pub2's id 34 but not 35-36, and
     pub3's 31-32 but not 33-34. node0 was SIGKILLed ~0.14 s later; node2 delivered #33-#36/#29-#34 from the hand-over,
     node1 resumed pub2/pub3 without those ids and routed their DUP resends as new. Here na owns p and q (replica nb)
-    and s; nb acknowledged p's and q's first ids, not their second: nc's takeover must get no hand-over until it did."""
+    and s; nb acknowledged p's and q's first ids, not their second: nc's takeover must get no hand-over until it did.
+    Also chaos seed 70789 (pub2#89-91, pub3#87-89 twice to sub0): replica node2 (no PUBREC for those ids; cut off
+    from node0 at 8.77-9.44), taker node1 (02:32:16.312, 20 queued), node0 SIGKILLed ~0.05 s later."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=2.0)
     wiring = wiring_of(na)
     p, q, s = _pick("p", "nb"), _pick("q", "nb"), _pick("s", "nb")
