@@ -111,7 +111,8 @@ async def test_a_hand_over_waits_for_every_unacknowledged_qos2_id_of_two_publish
     node1 resumed pub2/pub3 without those ids and routed their DUP resends as new. Here na owns p and q (replica nb)
     and s; nb acknowledged p's and q's first ids, not their second: nc's takeover must get no hand-over until it did.
     Also chaos seed 70789 (pub2#89-91, pub3#87-89 twice to sub0): replica node2 (no PUBREC for those ids; cut off
-    from node0 at 8.77-9.44), taker node1 (02:32:16.312, 20 queued), node0 SIGKILLed ~0.05 s later."""
+    from node0 at 8.77-9.44), taker node1 (02:32:16.312, 20 queued), node0 SIGKILLed ~0.05 s later.
+    Also chaos seed 70852 (pub2#171-175, pub3#186 twice to sub0): owner node2, replica node0, taker node1, 34 queued."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=2.0)
     wiring = wiring_of(na)
     p, q, s = _pick("p", "nb"), _pick("q", "nb"), _pick("s", "nb")
