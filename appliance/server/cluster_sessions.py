@@ -310,7 +310,12 @@ class SessionMigration:
         assert broker is not None
         epoch, record, queue, qos2, seen = decode_handover(data)
         stand_in = self._stand_ins.get(cid) in (peer, "") and cid in broker.sessions  # started here without it
-        if self._adopted.get(cid) == epoch or (self._have_since(cid, epoch) and not stand_in):
+        # Resumed here from a copy of the sender's state after it made this hand-over (chaos 70930: the hand-over
+        # was stuck on a dead link; its messages the copy lacked were dropped as a resend and lost): merged too.
+        current = self.claims.get(cid)
+        resumed = (current is not None and current.origin == FROM_REPLICA and peer in current.bases
+                   and current.epoch > epoch and cid in broker.sessions)
+        if self._adopted.get(cid) == epoch or (self._have_since(cid, epoch) and not stand_in and not resumed):
             return  # a resent hand-over we already have (adopted before a restart: the claim says so)
         if clean or record.expiry_interval == 0:
             return

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from appliance.broker.model import Delivery, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import MIGRATED, SessionClaim, encode_claim, encode_handover
 from appliance.protocol.packets import MQTT_5, Connect, Properties, Publish
@@ -33,13 +31,11 @@ def _message(msg_id: str) -> Message:
     return Message(msg_id, "t/x", msg_id.encode(), 1, False, "pub1", 1000.0)
 
 
-@pytest.mark.xfail(strict=True, reason="chaos 70930: a hand-over resent after the taker resumed the session from a "
-                                       "replica is dropped as a resend (_have_since), not merged: m2 lost")
 async def test_a_hand_over_resent_after_the_taker_resumed_from_its_replica_is_merged_not_dropped(
         tmp_path: Path) -> None:
     """na owns s (m1 queued, on nb's replica). na lets s go to nb with m2 queued too (not on the replica yet) and
     the hand-over is lost with the link; s resumes on nb from its replica (m1). na's hand-over, resent at the heal,
-    must bring m2 into s. Before a fix nb owned s under a claim newer than the hand-over: dropped as a resend."""
+    must bring m2 into s. Before the fix nb owned s under a claim newer than the hand-over: dropped as a resend."""
     na = await start_node(tmp_path / "na", "na", ("nb",))
     nb = await start_node(tmp_path / "nb", "nb", ("na",))
     na_running = True
