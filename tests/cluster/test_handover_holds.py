@@ -40,6 +40,18 @@ def _pick(prefix: str, replica: str) -> str:
     return next(c for c in (f"{prefix}{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == [replica])
 
 
+def _publish_qos2(na: Node, msg_id: str, publisher: str, pid: int) -> None:
+    """What the broker does for a client's QoS2 PUBLISH (id stored, replicated with the message, routed)."""
+    wiring = wiring_of(na)
+    message = Message(msg_id, "t/x", b"x", 2, False, publisher, 1000.0)
+    na.broker.sessions[publisher].incoming_qos2[pid] = None
+    wiring.store.save_incoming_qos2(publisher, pid, None)
+    wiring.qos2_received(message)
+    reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
+    wiring.route_remote(message, chosen)
+    assert reached == 1
+
+
 async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos2_ids_of_its_queue(
         tmp_path: Path) -> None:
     """na owns p (replica nb, which lags), q (replica nc) and the offline s, queued with p's QoS2 m1 and then q's
@@ -64,14 +76,8 @@ async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos
         await until(lambda: any(r.client_id == q and r.op == OP_SNAPSHOT for _p, r in nc.replicated), "q at nc")
         nb.ack_replicas()
 
-        for n, publisher in ((1, p), (2, q)):  # what the broker does for a QoS2 PUBLISH
-            message = Message(f"m{n}", "t/x", b"x", 2, False, publisher, 1000.0)
-            na.broker.sessions[publisher].incoming_qos2[1] = None
-            wiring.store.save_incoming_qos2(publisher, 1, None)
-            wiring.qos2_received(message)
-            reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
-            wiring.route_remote(message, chosen)
-            assert reached == 1
+        _publish_qos2(na, "m1", p, 1)
+        _publish_qos2(na, "m2", q, 1)
         await until(lambda: [d.message.msg_id for d in na.broker.sessions[s].queue] == ["m1", "m2"], "s queued")
 
         nc.svc.send("na", SessionTakeover(7, s, "nc", False))
@@ -88,18 +94,6 @@ async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos
         for peer in (nb, nc):
             await peer.svc.async_stop()
         await stop_node(na)
-
-
-def _publish_qos2(na: Node, msg_id: str, publisher: str, pid: int) -> None:
-    """What the broker does for a client's QoS2 PUBLISH (id stored, replicated with the message, routed)."""
-    wiring = wiring_of(na)
-    message = Message(msg_id, "t/x", b"x", 2, False, publisher, 1000.0)
-    na.broker.sessions[publisher].incoming_qos2[pid] = None
-    wiring.store.save_incoming_qos2(publisher, pid, None)
-    wiring.qos2_received(message)
-    reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
-    wiring.route_remote(message, chosen)
-    assert reached == 1
 
 
 async def test_a_hand_over_waits_for_every_unacknowledged_qos2_id_of_two_publishers_on_a_third_node(
