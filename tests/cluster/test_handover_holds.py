@@ -21,11 +21,10 @@ from pathlib import Path
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
-from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import MIGRATED, OP_QOS2_ADD, OP_SNAPSHOT, SessionClaim, encode_claim
 from appliance.cluster.wire import SessionState, SessionTakeover
 from appliance.server.node import Node
-from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import Peer, client_replicated_on, link, start_node, stop_node, until, wiring_of
 
 SUBS = {"t/#": SubscriptionOptions(qos=2)}
 
@@ -35,9 +34,6 @@ async def _acking(peer: Peer) -> None:
         peer.ack_replicas()
         await asyncio.sleep(0.02)
 
-
-def _pick(prefix: str, replica: str) -> str:
-    return next(c for c in (f"{prefix}{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == [replica])
 
 
 def _publish_qos2(na: Node, msg_id: str, publisher: str, pid: int) -> None:
@@ -61,7 +57,7 @@ async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos
     Also chaos seed 70353 (pub2#38-39 twice to sub1): p = pub2 (replica node1, lagging), s = sub1, taker node2."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
     wiring = wiring_of(na)
-    p, q, s = _pick("p", "nb"), _pick("q", "nc"), _pick("s", "nb")
+    p, q, s = client_replicated_on("p", "nb"), client_replicated_on("q", "nc"), client_replicated_on("s", "nb")
     nb, nc = Peer("nb"), Peer("nc")
     acking: asyncio.Task[None] | None = None
     try:
@@ -109,7 +105,7 @@ async def test_a_hand_over_waits_for_every_unacknowledged_qos2_id_of_two_publish
     Also chaos seed 70852 (pub2#171-175, pub3#186 twice to sub0): owner node2, replica node0, taker node1, 34 queued."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=2.0)
     wiring = wiring_of(na)
-    p, q, s = _pick("p", "nb"), _pick("q", "nb"), _pick("s", "nb")
+    p, q, s = client_replicated_on("p", "nb"), client_replicated_on("q", "nb"), client_replicated_on("s", "nb")
     nb, nc = Peer("nb"), Peer("nc")
     acking: asyncio.Task[None] | None = None
     try:

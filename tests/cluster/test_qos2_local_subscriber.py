@@ -51,7 +51,6 @@ import pytest
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
-from appliance.cluster.membership import rendezvous
 from appliance.cluster.ownership import MIGRATED, OP_SNAPSHOT, SessionClaim, encode_claim
 from appliance.cluster.wire import Replicate
 from appliance.protocol.packets import (
@@ -66,7 +65,7 @@ from appliance.protocol.packets import (
 )
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.node import Node
-from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import Peer, client_replicated_on, link, start_node, stop_node, until, wiring_of
 from tests.unit.broker.test_restore import RecordingLink
 
 SUBS = {"t/#": SubscriptionOptions(qos=2)}
@@ -85,8 +84,8 @@ async def test_a_local_subscribers_replica_gets_a_qos2_message_only_after_the_pu
     leaves s resumable with m1 while pub resumes without the id and its DUP resend is routed as new."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
     wiring = wiring_of(na)
-    pub = next(c for c in (f"p{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
-    sub = next(c for c in (f"s{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nc"])
+    pub = client_replicated_on("p", "nb")
+    sub = client_replicated_on("s", "nc")
     nb, nc = Peer("nb"), Peer("nc")
     acking: asyncio.Task[None] | None = None
     try:
@@ -152,8 +151,8 @@ async def test_an_online_local_subscriber_gets_a_qos2_message_only_after_the_pub
     and the SENT state at once and s the PUBLISH once nc acknowledged, nb holding nothing."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
     wiring = wiring_of(na)
-    pub_id = next(c for c in (f"p{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
-    sub_id = next(c for c in (f"s{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nc"])
+    pub_id = client_replicated_on("p", "nb")
+    sub_id = client_replicated_on("s", "nc")
     nb, nc = Peer("nb"), Peer("nc")
     acking: asyncio.Task[None] | None = None
     try:
@@ -274,8 +273,8 @@ async def test_an_owner_killed_while_the_publishers_replica_lags_leaves_the_onli
     without id 1, so its resend was routed as new: s got m1 twice."""
     na = await start_node(tmp_path / "na", "na", ("nb", "nc"), failure_timeout=1.0)
     wiring = wiring_of(na)
-    pub_id = next(c for c in (f"p{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nb"])
-    sub_id = next(c for c in (f"s{n}" for n in range(200)) if rendezvous(c, ["nb", "nc"], 1) == ["nc"])
+    pub_id = client_replicated_on("p", "nb")
+    sub_id = client_replicated_on("s", "nc")
     nb, nc = Peer("nb"), Peer("nc")
     acking: asyncio.Task[None] | None = None
     na_running = True

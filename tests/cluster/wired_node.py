@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.cluster.membership import rendezvous
 from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
 from appliance.cluster.wire import ClusterMessage, Forward, Replicate, SessionDone
 from appliance.server.cluster_wiring import ClusterWiring
@@ -73,6 +74,11 @@ async def start_node(data_dir: Path, name: str, others: Iterable[str], failure_t
     for member in others:
         wiring.svc.membership.known(member)
     return node
+
+
+def client_replicated_on(prefix: str, replica: str, peers: tuple[str, ...] = ("nb", "nc")) -> str:
+    """The first client id `prefix`N whose one replica among `peers` (rendezvous placement, R=2) is `replica`."""
+    return next(c for c in (f"{prefix}{n}" for n in range(200)) if rendezvous(c, list(peers), 1) == [replica])
 
 
 def wiring_of(node: Node) -> ClusterWiring:
