@@ -324,15 +324,16 @@ class ClusterService:
         self._flush_held(peer)
         self._send_behind(peer, token)
 
-    def send_behind_holds(self, peer: str, msg: ClusterMessage) -> None:
+    def send_behind_holds(self, peer: str, msg: ClusterMessage, buffered: bool = False) -> None:
         """Send a session message that must not overtake what the peer's holds keep back now (a hand-over queue with
         QoS2 messages whose packet ids their publishers' replicas have not acknowledged, chaos seed 70012): it goes
-        once they are released, after the replica operations they held; forwards submitted after it follow it."""
+        once they are released, after the replica operations they held; forwards submitted after it follow it (with
+        `buffered`, those buffered already too: a resend of a message lost with the link goes ahead of them)."""
         tokens = {barrier[0] for barrier in self._barriers.get(peer, ())} | ({0} if self._hold_all else set())
         if not tokens:
             self.send(peer, msg)
             return
-        self._behind.setdefault(peer, []).append((tokens, self.hold(peer), msg))
+        self._behind.setdefault(peer, []).append((tokens, self.hold(peer, buffered), msg))
 
     def _send_behind(self, peer: str, token: int) -> None:
         """A hold ended: the messages no earlier hold keeps back go out, in order."""

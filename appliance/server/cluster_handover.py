@@ -234,10 +234,13 @@ class HandoverAnswers:
     def _resend_handovers(self, peer: str) -> None:
         """A link to `peer` is up: hand-overs it has not confirmed go out again (it adopts each one once), and the
         claims of sessions we let go lately, before any ack of the peer's resent forwards: a sender that learnt the
-        new owner only after our acks would send newer messages to it ahead of the ones we pass on (reordering)."""
+        new owner only after our acks would send newer messages to it ahead of the ones we pass on (reordering).
+        A hand-over that waits behind holds keeps the forwards buffered for the peer back too: those followed the
+        lost one; resent at once, they overtook it and the taker queued the hand-over's older messages behind them
+        (chaos seed 80026)."""
         for cid, (taker, data, _resumable) in list(self._handing.items()):
             if taker == peer:
-                self.svc.send_behind_holds(peer, SessionState(0, cid, True, data))
+                self.svc.send_behind_holds(peer, SessionState(0, cid, True, data), buffered=True)
         horizon = time.monotonic() - RELEASED_PUSH_S
         for cid, at in list(self._released.items()):
             if at < horizon:

@@ -37,15 +37,21 @@ class Peer:
         self.received: list[str] = []
         self.session_messages: list[ClusterMessage] = []
         self.replicated: list[tuple[str, Replicate]] = []
+        self.arrivals: list[ClusterMessage] = []  # forwards and session messages, in the order they arrived
         cfg = ClusterConfig(node_id=node_id, cluster="appliance", secret=b"k", host="127.0.0.1", port=0, mdns=False,
                             heartbeat_interval=0.2, failure_timeout=5.0, anti_entropy_interval=30.0)
         callbacks = ClusterCallbacks(on_forward=self._forward,
-                                     on_session_message=lambda _p, m: self.session_messages.append(m),
+                                     on_session_message=self._session_message,
                                      on_replicate=lambda p, rep: self.replicated.append((p, rep)))
         self.svc = ClusterService(cfg, callbacks)
 
+    def _session_message(self, _peer: str, msg: ClusterMessage) -> None:
+        self.session_messages.append(msg)
+        self.arrivals.append(msg)
+
     def _forward(self, peer: str, fwd: Forward) -> None:
         self.received.append(fwd.message.msg_id)
+        self.arrivals.append(fwd)
         self.svc.forward_committed(peer, fwd.seq)
 
     def ack_replicas(self) -> None:
