@@ -28,6 +28,9 @@ BOOT = "0b7c3a5e-9d1f-4c2a-8e6b-5f4d3c2b1a09"
 FORMATS = ("parquet", "jsonl.gz")
 
 
+FLUSH_ENV = "BENCH_DLOG_FLUSH_S"  # the drain interval handed to the broker rounds' servers
+
+
 def _segment_bytes(directory: str) -> int:
     """Bytes of closed and open segments (journal and any Parquet tmp) in `directory`."""
     return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
@@ -157,7 +160,9 @@ async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process"
     overrides: dict = {"node": {"data_dir": data_dir}, "listener": {"tcp": listen}}
     if log_dir:
         overrides["deliverylog"] = {"enabled": True, "dir": log_dir, "format": fmt}
-        node_module.DeliveryLog = functools.partial(DeliveryLog, process=mode == "process")  # type: ignore[misc]
+        extra = {"flush_interval_s": float(os.environ[FLUSH_ENV])} if os.environ.get(FLUSH_ENV) else {}
+        node_module.DeliveryLog = functools.partial(  # type: ignore[misc]
+            DeliveryLog, process=mode == "process", **extra)
     node = node_module.Node(load(None, overrides))
     await node.async_start()
     import threading
@@ -417,9 +422,13 @@ def main() -> None:
                     help="writer child pinned with the broker (one core, the worst case) or moved to the other core")
     ap.add_argument("--writer-nice", type=int, default=None, metavar="N",
                     help="renice the writer child to N (default: leave the product's nice 10)")
+    ap.add_argument("--flush-ms", type=float, default=None, metavar="MS",
+                    help="the broker's delivery-log drain interval (default: DeliveryLog's 50 ms)")
     ap.add_argument("--py-spy", default="", metavar="DIR",
                     help="sample each broker round with py-spy (GIL holders) into DIR and print where the time went")
     args = ap.parse_args()
+    if args.flush_ms is not None:  # the broker rounds' servers inherit it
+        os.environ[FLUSH_ENV] = str(args.flush_ms / 1000)
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
     formats = FORMATS if args.format == "both" else (args.format,)
