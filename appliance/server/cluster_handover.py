@@ -60,6 +60,8 @@ class HandoverAnswers:
     _resumes: dict[str, list[tuple[str, str, int, int]]]  # client id -> [(asker, owner, token, request)]
     _resume_acked: dict[str, list[tuple[str, Message]]]  # client id -> [(owner, message)] it acked during a hold
     _requests: dict[int, tuple[asyncio.Future[tuple[int, bytes] | None], str, bool]]
+    _reconciled: asyncio.Event | None  # IngressGuard: set once a restarted node's restored state is reconciled
+    _resend_due: dict[str, int]  # client id -> request id: a hand-over to resend once reconciled (0: at link-up)
     clock: Callable[[], float]
     _on_handover: Callable[[str, str, bytes, bool, bool], None]  # SessionMigration: adopt a session handed to us
 
@@ -110,7 +112,10 @@ class HandoverAnswers:
                 self.svc.put(SESSIONS, cid, encode_claim(claim))
                 self._emit("migrated", subscriber=cid, peer_node=msg.node, reason="takeover")
             elif self._handing.get(cid, ("", b"", False))[0] == peer:  # asked again: the state may have been lost
-                self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, self._handing[cid][1]))
+                if self._restoring():
+                    self._resend_due[cid] = msg.request_id
+                else:
+                    self.svc.send_behind_holds(peer, SessionState(msg.request_id, cid, True, self._handing[cid][1]))
             elif self._owner_up_here(cid, msg.node):
                 claim = self.claims[cid]
                 self.svc.send(peer, SessionState(msg.request_id, cid, True, bytes([OWNER_UP]) + claim.owner.encode()))
@@ -138,6 +143,31 @@ class HandoverAnswers:
                 return  # the asker did not resume the session after all
             if self._handing.get(msg.client_id, ("", b"", False))[0] == peer:
                 self._handed(msg.client_id)
+
+    def _restoring(self) -> bool:
+        """Restarted, with restored forwards and QoS2 tags not yet reconciled with the claims (IngressGuard)."""
+        return self._reconciled is not None and not self._reconciled.is_set()
+
+    def _reconcile_handing(self, drop_ids: set[str]) -> int:
+        """A restart's reconciliation (before the streams are released): QoS2 messages that their publishers' resumed
+        sessions took over (routed again under other ids, or passed on) leave our unconfirmed hand-overs as they
+        left our forwards and queues, ids included (else a passed-on copy would be dropped as a repeat); then the
+        hand-overs due go out, ahead of the forwards buffered for their takers. Before, the hand-over restored
+        from disk still held them and its taker delivered them twice (chaos 80276). Return how many left."""
+        purged = 0
+        for cid, (taker, data, resumable) in list(self._handing.items()):
+            epoch, record, queue, qos2, seen = decode_handover(data[1:])
+            kept = [d for d in queue if d.message.msg_id not in drop_ids]
+            if len(kept) != len(queue):
+                purged += len(queue) - len(kept)
+                handover = encode_handover(epoch, record, kept, qos2, [m for m in seen if m not in drop_ids])
+                self._hand(cid, (taker, data[:1] + handover, resumable))
+        due, self._resend_due = self._resend_due, {}
+        for cid, request_id in due.items():
+            taker, data, _resumable = self._handing.get(cid, ("", b"", False))
+            if taker and self.svc.links.is_up(taker):  # else resent when it links up
+                self.svc.send_behind_holds(taker, SessionState(request_id, cid, True, data), buffered=True)
+        return purged
 
     def _hand(self, cid: str, entry: Handing) -> None:
         """Keep a hand-over until its taker confirms it, on disk too (written right after the session's deletion):
@@ -239,7 +269,9 @@ class HandoverAnswers:
         lost one; resent at once, they overtook it and the taker queued the hand-over's older messages behind them
         (chaos seed 80026)."""
         for cid, (taker, data, _resumable) in list(self._handing.items()):
-            if taker == peer:
+            if taker == peer and self._restoring():
+                self._resend_due.setdefault(cid, 0)
+            elif taker == peer:
                 self.svc.send_behind_holds(peer, SessionState(0, cid, True, data), buffered=True)
         horizon = time.monotonic() - RELEASED_PUSH_S
         for cid, at in list(self._released.items()):

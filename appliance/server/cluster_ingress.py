@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.model import Message
@@ -63,6 +64,7 @@ class IngressGuard:
     claims: dict[str, SessionClaim]
     assigned: dict[str, list[str]]
     r: int
+    _reconcile_handing: Callable[[set[str]], int]  # HandoverAnswers: the same drop in unconfirmed hand-overs
 
     @property
     def svc(self) -> ClusterService:
@@ -530,9 +532,10 @@ class IngressGuard:
         purged = self._purge_local(drop_ids)
         self._restored_q2, self._restored_str = {}, {}
         self._reconciled.set()
+        handed = self._reconcile_handing(drop_ids)
         self.svc.release_all()
-        log.info("restart reconciled: %d forwards and %d queued copies dropped (their publishers' sessions moved)",
-                 dropped, purged)
+        log.info("restart reconciled: %d forwards, %d queued copies and %d handed-over copies dropped (their "
+                 "publishers' sessions moved)", dropped, purged, handed)
 
     def _purge_local(self, drop_ids: set[str]) -> int:
         """Queued copies of dropped QoS2 messages in local sessions (never sent: delivery waited for the replicas)."""

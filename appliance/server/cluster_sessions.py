@@ -324,8 +324,10 @@ class SessionMigration:
         if (not waiting and cid not in broker.sessions and claim is not None and claim.epoch > epoch
                 and claim.owner not in (self.node_id, peer)):
             # The session moved on while this hand-over waited for us (we died before confirming it): adopting it
-            # would strand its queue here; what the current owner cannot have goes to it (it drops what it has).
-            passed = [d for d in queue if hands_over(claim, peer, d.seq)]
+            # would strand its queue here; what the current owner cannot have goes to it (it drops what it has by
+            # id; not a RELEASED one, the client has it: after a start here from the claim nobody since knew its id,
+            # chaos 80276).
+            passed = [d for d in queue if d.state != DeliveryState.RELEASED and hands_over(claim, peer, d.seq)]
             for delivery in passed:
                 self._onward(delivery.message, [cid])
             log.info("session %s: late hand-over by %s passed on to its owner %s (%d of %d queued)", cid, peer,

@@ -81,6 +81,7 @@ class ClusterWiring(QueueReplication, ClaimRouting, SessionMigration, HandoverAn
         self._awaiting: dict[str, str] = {}  # client id -> old owner whose hand-over we await (claim ours, no session)
         self._stand_ins: dict[str, str] = {}  # client id -> old owner ("": unknown) whose late hand-over joins it here
         self._handing: dict[str, Handing] = {}
+        self._resend_due: dict[str, int] = {}  # hand-overs to resend once a restart is reconciled (HandoverAnswers)
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
         self._resumes: dict[str, list[tuple[str, str, int, int]]] = {}  # heal-time holds (SessionMigration)
