@@ -265,8 +265,8 @@ def _spy(pid: int, duration: float, out: str) -> Any:
 
 def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
                   writer_cpu: str = "broker", spy_out: str = "",
-                  writer_nice: int | None = None) -> tuple[float, int, int, float, float]:
-    """One qos1 loadgen run against a fresh broker.
+                  writer_nice: int | None = None, paced_rate: float = 0.0) -> tuple[float, int, int, float, float]:
+    """One qos1 loadgen run against a fresh broker (pipelined, or paced at `paced_rate` msg/s when given).
 
     Returns (delivered msg/s, delivered, log bytes, broker CPU s, broker + writer child CPU s) with CPU counted
     from just before the load to just after it (start-up and shutdown excluded). With `spy_out`, py-spy samples
@@ -312,8 +312,9 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
         t0 = time.time()
         spy = _spy(broker.pid, duration, spy_out) if spy_out else None
         usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", "qos1", "--port", str(port),
-                                                  "--duration", str(duration), "--max-messages", "2000000"]),
+        load = (["latency", "--rate", str(paced_rate)] if paced_rate else ["qos1", "--max-messages", "2000000"])
+        out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", *load, "--port", str(port),
+                                                  "--duration", str(duration)]),
                              capture_output=True, text=True, timeout=600, check=True).stdout
         usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         loadgen_cpu = usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
@@ -324,6 +325,8 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
             spy.wait(60)
             print(f"  py-spy ({'on' if logging_on else 'off'}): {_spy_summary(spy_out)}", flush=True)
         result = json.loads(out.strip().splitlines()[-1])
+        if paced_rate:  # the latency workload reports what it offered; the rate here is what was delivered
+            result["delivered_rate"] = result["delivered"] / duration
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(60)
@@ -371,7 +374,7 @@ def _broker_round(logging_on: bool, duration: float, mode: str, fmt: str,
 
 
 def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ...], writer_cpu: str = "broker",
-                 spy_dir: str = "", writer_nice: int | None = None) -> None:
+                 spy_dir: str = "", writer_nice: int | None = None, paced_rate: float = 0.0) -> None:
     """Our broker's QoS1 delivered rate and CPU per message, logging off and on in each format, interleaved."""
     import statistics
 
@@ -382,7 +385,8 @@ def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ..
         for fmt in configs[r % len(configs):] + configs[: r % len(configs)]:  # rotate the order each round
             spy_out = os.path.join(spy_dir, f"round{r}-{fmt or 'off'}.txt") if spy_dir else ""
             rate, delivered, size, cpu_broker, cpu_tree = _broker_round(fmt is not None, duration, mode, fmt or "",
-                                                                        writer_cpu, spy_out, writer_nice)
+                                                                        writer_cpu, spy_out, writer_nice,
+                                                                        paced_rate)
             runs[fmt].append((rate, cpu_broker, cpu_tree))
             if fmt is not None:
                 per_msg[fmt].append(size / max(delivered, 1))
@@ -394,6 +398,8 @@ def broker_ratio(rounds: int, duration: float, mode: str, formats: tuple[str, ..
     where = "the broker's core" if writer_cpu == "broker" else "the load generator's core"
     if writer_nice is not None:
         where += f", reniced to {writer_nice}"
+    if paced_rate:
+        where += f", paced at {paced_rate:.0f} msg/s: compare CPU per message, the rates are the same"
     print(f"[writer in a {mode} on {where}, {rounds} rounds of {duration:.0f} s] logging off: {med(off, 0):.0f} msg/s "
           f"{sorted(round(x[0]) for x in off)}, broker CPU {med(off, 1) * 1e6:.1f} µs/message")
     for fmt in formats:
@@ -424,6 +430,8 @@ def main() -> None:
                     help="renice the writer child to N (default: leave the product's nice 10)")
     ap.add_argument("--flush-ms", type=float, default=None, metavar="MS",
                     help="the broker's delivery-log drain interval (default: DeliveryLog's 50 ms)")
+    ap.add_argument("--paced", type=float, default=0.0, metavar="RATE",
+                    help="broker rounds publish at RATE msg/s (loadgen latency) instead of saturating (loadgen qos1)")
     ap.add_argument("--py-spy", default="", metavar="DIR",
                     help="sample each broker round with py-spy (GIL holders) into DIR and print where the time went")
     args = ap.parse_args()
@@ -434,7 +442,7 @@ def main() -> None:
     formats = FORMATS if args.format == "both" else (args.format,)
     if args.broker_rounds:
         broker_ratio(args.broker_rounds, args.duration, args.mode, formats, args.writer_cpu, args.py_spy,
-                     args.writer_nice)
+                     args.writer_nice, args.paced)
         return
     n = args.messages
     print(f"NullEventSink: {null_cost(n):.2f} µs CPU per message (5 events)")
