@@ -24,7 +24,16 @@ from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import MIGRATED, OP_QOS2_ADD, OP_SNAPSHOT, SessionClaim, encode_claim
 from appliance.cluster.wire import SessionState, SessionTakeover
 from appliance.server.node import Node
-from tests.cluster.wired_node import Peer, client_replicated_on, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import (
+    Peer,
+    client_replicated_on,
+    link,
+    publish_qos2_on,
+    start_node,
+    stop_node,
+    until,
+    wiring_of,
+)
 
 SUBS = {"t/#": SubscriptionOptions(qos=2)}
 
@@ -36,16 +45,11 @@ async def _acking(peer: Peer) -> None:
 
 
 
-def _publish_qos2(na: Node, msg_id: str, publisher: str, pid: int) -> None:
-    """What the broker does for a client's QoS2 PUBLISH (id stored, replicated with the message, routed)."""
-    wiring = wiring_of(na)
-    message = Message(msg_id, "t/x", b"x", 2, False, publisher, 1000.0)
-    na.broker.sessions[publisher].incoming_qos2[pid] = None
-    wiring.store.save_incoming_qos2(publisher, pid, None)
-    wiring.qos2_received(message)
-    reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
-    wiring.route_remote(message, chosen)
-    assert reached == 1
+
+
+def _qos2(na: Node, msg_id: str, publisher: str, pid: int) -> None:
+    """A client's QoS2 PUBLISH on t/x, reaching the one local subscriber."""
+    assert publish_qos2_on(na, publisher, pid, Message(msg_id, "t/x", b"x", 2, False, publisher, 1000.0)) == 1
 
 
 async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos2_ids_of_its_queue(
@@ -72,8 +76,8 @@ async def test_a_hand_over_leaves_only_once_the_publishers_replicas_hold_the_qos
         await until(lambda: any(r.client_id == q and r.op == OP_SNAPSHOT for _p, r in nc.replicated), "q at nc")
         nb.ack_replicas()
 
-        _publish_qos2(na, "m1", p, 1)
-        _publish_qos2(na, "m2", q, 1)
+        _qos2(na, "m1", p, 1)
+        _qos2(na, "m2", q, 1)
         await until(lambda: [d.message.msg_id for d in na.broker.sessions[s].queue] == ["m1", "m2"], "s queued")
 
         nc.svc.send("na", SessionTakeover(7, s, "nc", False))
@@ -122,12 +126,12 @@ async def test_a_hand_over_waits_for_every_unacknowledged_qos2_id_of_two_publish
         def ids_at_nb() -> set[str]:
             return {r.client_id for _p, r in nb.replicated if r.op == OP_QOS2_ADD}
 
-        _publish_qos2(na, "p1", p, 1)
-        _publish_qos2(na, "q1", q, 1)
+        _qos2(na, "p1", p, 1)
+        _qos2(na, "q1", q, 1)
         await until(lambda: ids_at_nb() == {p, q}, "p's and q's first ids at nb")
         nb.ack_replicas()  # nb holds p1's and q1's ids; p2's and q2's stay unacknowledged
-        _publish_qos2(na, "p2", p, 2)
-        _publish_qos2(na, "q2", q, 2)
+        _qos2(na, "p2", p, 2)
+        _qos2(na, "q2", q, 2)
         await until(lambda: [d.message.msg_id for d in na.broker.sessions[s].queue] == ["p1", "q1", "p2", "q2"],
                     "s queued")
 

@@ -19,32 +19,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.broker.handover import adopt_session
-from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
-from appliance.cluster.ownership import MIGRATED, OP_SNAPSHOT, SessionClaim, encode_claim
+from appliance.broker.model import Message, SubscriptionOptions
 from appliance.cluster.wire import Forward, SessionState, SessionTakeover
-from appliance.server.node import Node
-from tests.cluster.wired_node import Peer, client_replicated_on, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import (
+    Peer,
+    client_replicated_on,
+    link,
+    own_replicated,
+    publish_qos2_on,
+    route_on,
+    start_node,
+    stop_node,
+    until,
+    wiring_of,
+)
 
 SUBS = {"t/#": SubscriptionOptions(qos=1)}
 
 
-def _route(na: Node, message: Message) -> None:
-    """What the broker does with a PUBLISH on na: local routing, then the forwards."""
-    wiring = wiring_of(na)
-    _reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared(message.topic))
-    wiring.route_remote(message, chosen)
 
 
-def _publish_qos2(na: Node, publisher: str, pid: int) -> None:
-    """A client's QoS2 PUBLISH on na (id stored, replicated with the message, routed): until the publisher's
-    replicas acknowledge the id, the streams to the other peers are held."""
-    wiring = wiring_of(na)
-    na.broker.sessions[publisher].incoming_qos2[pid] = None
-    wiring.store.save_incoming_qos2(publisher, pid, None)
-    message = Message(f"{publisher}-{pid}", "q/x", b"x", 2, False, publisher, 1000.0)
-    wiring.qos2_received(message)
-    _route(na, message)
 
 
 async def test_a_hand_over_resent_behind_a_hold_at_link_up_goes_ahead_of_the_forwards_buffered_after_it(
@@ -62,26 +56,23 @@ async def test_a_hand_over_resent_behind_a_hold_at_link_up_goes_ahead_of_the_for
         for peer in (nb, nc):
             await peer.svc.async_start()
             await link(wiring.svc, peer.svc)
-        for cid, subs in ((s, SUBS), (p, {})):
-            wiring.svc.put("sessions", cid, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(subs))))
-            adopt_session(na.broker, SessionRecord(cid, 1, 3600, subscriptions=dict(subs)), [], [])
-        await until(lambda: {r.client_id for _p, r in nc.replicated if r.op == OP_SNAPSHOT} >= {p, s}, "snapshots")
-        nc.ack_replicas()
-        _route(na, Message("m1", "t/x", b"m1", 1, False, "pub", 1000.0))
+        await own_replicated(na, nc, {s: SUBS, p: {}})
+        route_on(na, Message("m1", "t/x", b"m1", 1, False, "pub", 1000.0))
         await until(lambda: [d.message.msg_id for d in na.broker.sessions[s].queue] == ["m1"], "m1 queued for s")
 
-        _publish_qos2(na, p, 1)  # nc does not acknowledge it yet: nb's streams are held
+        # nc does not acknowledge it yet: nb's streams are held
+        publish_qos2_on(na, p, 1, Message(f"{p}-1", "q/x", b"x", 2, False, p, 1000.0))
         nb.svc.send("na", SessionTakeover(7, s, "nb", False))
         await until(lambda: wiring.claims[s].owner == "nb", "s let go to nb")
         assert not [m for m in nb.session_messages if isinstance(m, SessionState)]  # behind the hold
         await nb.svc.async_stop()
         await until(lambda: not wiring.svc.links.is_up("nb"), "nb down at na")
-        _route(na, Message("m2", "t/x", b"m2", 1, False, "pub", 1001.0))  # for s at nb: buffered
+        route_on(na, Message("m2", "t/x", b"m2", 1, False, "pub", 1001.0))  # for s at nb: buffered
         nc.ack_replicas()
         await until(lambda: not wiring._unconfirmed, "p's id 1 acknowledged: the hand-over sent on no link")
         assert s in wiring._handing  # unconfirmed: resent when nb links up
 
-        _publish_qos2(na, p, 2)  # held again when nb returns
+        publish_qos2_on(na, p, 2, Message(f"{p}-2", "q/x", b"x", 2, False, p, 1000.0))  # held again when nb returns
         await nb_again.svc.async_start()
         await link(wiring.svc, nb_again.svc)  # na resent the hand-over and its forward buffer (one FIFO link)
         nc.ack_replicas()

@@ -19,7 +19,7 @@ from appliance.cluster.ownership import FRESH, MIGRATED, SessionClaim, encode_cl
 from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.wire import Forward, SessionState, SessionTakeover
 from appliance.protocol.reason_codes import ReasonCode
-from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import Peer, link, relay_claim, start_node, stop_node, until, wiring_of
 
 SUBS = {"t/#": SubscriptionOptions(qos=1)}
 FROM_OWNER = bytes([1])
@@ -119,15 +119,6 @@ async def test_what_the_old_owner_forwarded_after_its_lost_hand_over_reaches_the
     relay.svc.spaces["sessions"] = ReplicatedSpace("sessions", "nc")
     wa, wb = wiring_of(na), wiring_of(nb)
 
-    async def relayed(owner: str) -> None:
-        """nc passes na's current claim of s on to nb (a digest exchange would, later)."""
-        await until(lambda: relay.svc.spaces["sessions"].value("s") == wa.svc.spaces["sessions"].value("s"),
-                    f"{owner}'s claim of s at nc")
-        value = relay.svc.spaces["sessions"].value("s")
-        assert value is not None
-        relay.svc.put("sessions", "s", value)
-        await until(lambda: "s" in wb.claims and wb.claims["s"].owner == owner, f"{owner}'s claim of s at nb")
-
     try:
         await relay.svc.async_start()
         await link(wa.svc, relay.svc)
@@ -135,11 +126,11 @@ async def test_what_the_old_owner_forwarded_after_its_lost_hand_over_reaches_the
         record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
         adopt_session(na.broker, record, [Delivery(1, _message("m1", 1), 1, False)], [])
         wa.svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, FRESH, True, dict(SUBS))))
-        await relayed("na")
+        await relay_claim(relay, wa, wb, "s", "na")
 
         wa._on_session_message("nb", SessionTakeover(7, "s", "nb", False))  # nb's question; the answer is lost
         assert "s" not in na.broker.sessions and wa.claims["s"].owner == "nb"
-        await relayed("nb")  # nb's claim reaches nb through nc, ahead of the hand-over
+        await relay_claim(relay, wa, wb, "s", "nb")  # nb's claim reaches nb through nc, ahead of the hand-over
         assert "s" not in nb.broker.sessions
         wa.route_remote(_message("m2", 2), [])  # published on na: buffered for s's new owner
 

@@ -17,30 +17,32 @@ from pathlib import Path
 
 import pytest
 
-from appliance.broker.handover import adopt_session
 from appliance.broker.model import Delivery, DeliveryState, Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import (
     FRESH,
     FROM_REPLICA,
-    MIGRATED,
-    OP_SNAPSHOT,
     SessionClaim,
     decode_handover,
     encode_claim,
     encode_handover,
 )
 from appliance.cluster.wire import SessionState, SessionTakeover
-from appliance.server.node import Node
-from tests.cluster.wired_node import Peer, client_replicated_on, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import (
+    Peer,
+    client_replicated_on,
+    link,
+    own_replicated,
+    publish_qos2_on,
+    route_on,
+    start_node,
+    stop_node,
+    until,
+    wiring_of,
+)
 
 SUBS = {"t/#": SubscriptionOptions(qos=2)}
 
 
-def _route(na: Node, message: Message) -> None:
-    """What the broker does with a PUBLISH on na: local routing, then the forwards."""
-    wiring = wiring_of(na)
-    _reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared(message.topic))
-    wiring.route_remote(message, chosen)
 
 
 async def test_a_late_hand_over_passed_on_leaves_out_what_the_subscriber_released(tmp_path: Path) -> None:
@@ -71,14 +73,6 @@ async def test_a_late_hand_over_passed_on_leaves_out_what_the_subscriber_release
         await stop_node(na)
 
 
-def _publish_qos2(na: Node, publisher: str, pid: int, msg_id: str) -> None:
-    """A client's QoS2 PUBLISH on na (id stored, replicated with the message, routed)."""
-    wiring = wiring_of(na)
-    na.broker.sessions[publisher].incoming_qos2[pid] = None
-    wiring.store.save_incoming_qos2(publisher, pid, None)
-    message = Message(msg_id, "t/x", b"x", 2, False, publisher, 1000.0 + pid)
-    wiring.qos2_received(message)
-    _route(na, message)
 
 
 @pytest.mark.parametrize("asked", [False, True])
@@ -98,13 +92,10 @@ async def test_a_restarted_owner_resends_its_hand_over_without_what_a_resumed_pu
         for peer in (nb, nc):
             await peer.svc.async_start()
             await link(wiring.svc, peer.svc)
-        for cid, subs in ((s, SUBS), (p, {})):
-            wiring.svc.put("sessions", cid, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, dict(subs))))
-            adopt_session(na.broker, SessionRecord(cid, 1, 3600, subscriptions=dict(subs)), [], [])
-        await until(lambda: {r.client_id for _p, r in nc.replicated if r.op == OP_SNAPSHOT} >= {p, s}, "snapshots")
-        nc.ack_replicas()
-        _route(na, Message("m1", "t/x", b"m1", 1, False, "pub", 1000.0))
-        _publish_qos2(na, p, 1, "q1")  # nc does not acknowledge id 1: nb's streams are held
+        await own_replicated(na, nc, {s: SUBS, p: {}})
+        route_on(na, Message("m1", "t/x", b"m1", 1, False, "pub", 1000.0))
+        # nc does not acknowledge id 1: nb's streams are held
+        publish_qos2_on(na, p, 1, Message("q1", "t/x", b"x", 2, False, p, 1001.0))
         await until(lambda: [d.message.msg_id for d in na.broker.sessions[s].queue] == ["m1", "q1"], "s's queue")
         nb.svc.send("na", SessionTakeover(7, s, "nb", False))
         await until(lambda: wiring.claims[s].owner == "nb", "s let go to nb")

@@ -25,8 +25,17 @@ from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.wire import SessionTakeover
 from appliance.protocol.packets import MQTT_5, Connect, Properties, Publish
 from appliance.protocol.reason_codes import ReasonCode
-from appliance.server.node import Node
-from tests.cluster.wired_node import Peer, client_replicated_on, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import (
+    Peer,
+    client_replicated_on,
+    link,
+    publish_qos2_on,
+    relay_claim,
+    start_node,
+    stop_node,
+    until,
+    wiring_of,
+)
 from tests.unit.broker.test_restore import RecordingLink
 
 SUBS = {"t/#": SubscriptionOptions(qos=1)}
@@ -40,15 +49,6 @@ def _payloads(client: RecordingLink) -> list[bytes]:
     return [p.payload for p in client.sent if isinstance(p, Publish)]
 
 
-def _publish_qos2(na: Node, msg_id: str, publisher: str, pid: int) -> None:
-    """What the broker does for a client's QoS2 PUBLISH (id stored, replicated with the message, routed)."""
-    wiring = wiring_of(na)
-    message = _message(msg_id, 2, publisher)
-    na.broker.sessions[publisher].incoming_qos2[pid] = None
-    wiring.store.save_incoming_qos2(publisher, pid, None)
-    wiring.qos2_received(message)
-    _reached, _persisted, chosen = na.broker.router.route(message, wiring.remote_shared("t/x"))
-    wiring.route_remote(message, chosen)
 
 
 async def test_a_hand_over_resent_behind_a_hold_at_link_up_precedes_the_forwards_buffered_after_it(
@@ -66,15 +66,6 @@ async def test_a_hand_over_resent_behind_a_hold_at_link_up_precedes_the_forwards
     wa, wb = wiring_of(na), wiring_of(nb)
     q = client_replicated_on("q", "nc")
 
-    async def relayed(owner: str) -> None:
-        """nc passes na's current claim of s on to nb (a digest exchange would, later)."""
-        await until(lambda: relay.svc.spaces["sessions"].value("s") == wa.svc.spaces["sessions"].value("s"),
-                    f"{owner}'s claim of s at nc")
-        value = relay.svc.spaces["sessions"].value("s")
-        assert value is not None
-        relay.svc.put("sessions", "s", value)
-        await until(lambda: "s" in wb.claims and wb.claims["s"].owner == owner, f"{owner}'s claim of s at nb")
-
     try:
         await relay.svc.async_start()
         await link(wa.svc, relay.svc)
@@ -84,11 +75,11 @@ async def test_a_hand_over_resent_behind_a_hold_at_link_up_precedes_the_forwards
         adopt_session(na.broker, SessionRecord("s", 5, 3600, subscriptions=dict(SUBS)),
                       [Delivery(1, _message("m1"), 1, False)], [])
         wa.svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, FRESH, True, dict(SUBS))))
-        await relayed("na")
+        await relay_claim(relay, wa, wb, "s", "na")
 
         wa._on_session_message("nb", SessionTakeover(7, "s", "nb", False))  # nb's question; the answer is lost
         assert "s" not in na.broker.sessions and wa.claims["s"].owner == "nb"
-        await relayed("nb")  # nb's claim reaches nb through nc, ahead of the hand-over
+        await relay_claim(relay, wa, wb, "s", "nb")  # nb's claim reaches nb through nc, ahead of the hand-over
         wa.route_remote(_message("m2"), [])  # published on na: buffered for s's new owner
 
         fetch = wb.prepare_connect("s", False)  # na unreachable from nb: s starts from its claim
@@ -98,7 +89,7 @@ async def test_a_hand_over_resent_behind_a_hold_at_link_up_precedes_the_forwards
                                                  properties=Properties(session_expiry_interval=3600)),
                                  ReasonCode.SUCCESS) is not None
 
-        _publish_qos2(na, "m3", q, 1)  # q's id at nc, unacknowledged: na's stream to nb is held
+        publish_qos2_on(na, q, 1, _message("m3", 2, q))  # q's id at nc, unacknowledged: na's stream to nb is held
         await until(lambda: any(r.client_id == q and r.op == OP_QOS2_ADD for _p, r in relay.replicated),
                     "q's packet id at nc")
 

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from appliance.broker.handover import adopt_session
+from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
 from appliance.cluster.membership import rendezvous
+from appliance.cluster.ownership import MIGRATED, OP_SNAPSHOT, SessionClaim, encode_claim
 from appliance.cluster.service import ClusterCallbacks, ClusterConfig, ClusterService
 from appliance.cluster.wire import ClusterMessage, Forward, Replicate, SessionDone
 from appliance.server.cluster_wiring import ClusterWiring
@@ -91,6 +94,48 @@ def wiring_of(node: Node) -> ClusterWiring:
     """The node's cluster wiring (cluster enabled)."""
     assert node.cluster is not None
     return node.cluster
+
+
+def route_on(node: Node, message: Message) -> int:
+    """What the broker does with a PUBLISH on `node`: local routing, then the forwards; the local sessions reached."""
+    wiring = wiring_of(node)
+    reached, _persisted, chosen = node.broker.router.route(message, wiring.remote_shared(message.topic))
+    wiring.route_remote(message, chosen)
+    return reached
+
+
+def publish_qos2_on(node: Node, publisher: str, pid: int, message: Message) -> int:
+    """What the broker does for a client's QoS2 PUBLISH: the packet id stored and replicated with the message (until
+    the publisher's replicas acknowledge it, the streams to the other peers are held), then the routing."""
+    wiring = wiring_of(node)
+    node.broker.sessions[publisher].incoming_qos2[pid] = None
+    wiring.store.save_incoming_qos2(publisher, pid, None)
+    wiring.qos2_received(message)
+    return route_on(node, message)
+
+
+async def relay_claim(relay: Peer, src: ClusterWiring, dst: ClusterWiring, cid: str, owner: str) -> None:
+    """The bare `relay` passes src's current claim of `cid` on to dst (a digest exchange would, later), and dst
+    then sees `owner` own it."""
+    space = relay.svc.spaces["sessions"]
+    await until(lambda: space.value(cid) == src.svc.spaces["sessions"].value(cid), f"{owner}'s claim of {cid} at relay")
+    value = space.value(cid)
+    assert value is not None
+    relay.svc.put("sessions", cid, value)
+    await until(lambda: cid in dst.claims and dst.claims[cid].owner == owner, f"{owner}'s claim of {cid} at dst")
+
+
+async def own_replicated(node: Node, replica: Peer, sessions: dict[str, dict[str, SubscriptionOptions]]) -> None:
+    """`node` owns each session (its claim written, the session adopted, empty) and `replica` acknowledged their
+    snapshots."""
+    wiring = wiring_of(node)
+    for cid, subs in sessions.items():
+        claim = SessionClaim(wiring.svc.node_id, 1000.0, MIGRATED, True, dict(subs))
+        wiring.svc.put("sessions", cid, encode_claim(claim))
+        adopt_session(node.broker, SessionRecord(cid, 1, 3600, subscriptions=dict(subs)), [], [])
+    await until(lambda: {r.client_id for _p, r in replica.replicated if r.op == OP_SNAPSHOT} >= set(sessions),
+                "snapshots")
+    replica.ack_replicas()
 
 
 async def link(a: ClusterService, b: ClusterService) -> None:
