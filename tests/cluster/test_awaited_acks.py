@@ -13,8 +13,10 @@ behind it. node1 adopted the hand-over (14.222, "34 queued") and retargeted what
 came after the hand-over, behind them. The reordering went with sub1 to node2 (its next CONNECT, 14.589).
 
 The taker now keeps what the awaited old owner acknowledges for the session and queues it first at the adoption
-(the later pass-on is dropped by message id). A real node (broker + SQLite + ClusterWiring) on loopback; the old
-owner and the QoS2 publisher's replica are bare ClusterServices replaying what node2 and node0 sent.
+(the later pass-on is dropped by message id); not at a stand-in start, whose hand-over's ids are not known yet.
+A real node (broker + SQLite + ClusterWiring) on loopback; the old owner and the QoS2 publisher's replica are bare
+ClusterServices replaying what node2 and node0 sent (the link drop and the duplicate ack are not replayed: to node1
+that was an ack of node2 while it awaited the hand-over, as here).
 """
 
 from __future__ import annotations
@@ -23,10 +25,18 @@ from pathlib import Path
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Delivery, Message, SessionRecord, SubscriptionOptions
-from appliance.cluster.ownership import FRESH, MIGRATED, OP_QOS2_ADD, OP_SNAPSHOT, SessionClaim, encode_claim, \
-    encode_handover
+from appliance.cluster.ownership import (
+    FRESH,
+    MIGRATED,
+    OP_QOS2_ADD,
+    OP_SNAPSHOT,
+    SessionClaim,
+    encode_claim,
+    encode_handover,
+)
 from appliance.cluster.replicated import ReplicatedSpace
 from appliance.cluster.wire import SessionState
+from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.cluster_sessions import FROM_OWNER
 from appliance.server.node import Node
 from tests.cluster.wired_node import Peer, client_replicated_on, link, start_node, stop_node, until, wiring_of
@@ -89,5 +99,43 @@ async def test_what_the_awaited_old_owner_acknowledged_goes_ahead_of_what_is_sti
         assert [d.message.msg_id for d in nb.broker.sessions["s"].queue] == ["m0", "m1", "m2"]
     finally:
         for peer in (na, nc):
+            await peer.svc.async_stop()
+        await stop_node(nb)
+
+
+async def test_a_stand_in_start_does_not_take_what_the_awaited_old_owner_acknowledged(tmp_path: Path) -> None:
+    """na lets s go to nb (its claim first, the hand-over lost); m1, routed by nb to na, is acknowledged there: na
+    had it in s and delivered it before letting s go. na is gone when s's client connects to nb: s starts from its
+    claim. It must not get m1 (its client has it; the late hand-over, m0 queued, names m1 among its ids only)."""
+    nb = await start_node(tmp_path / "nb", "nb", ("na", "nc"))
+    wb = wiring_of(nb)
+    na, nc, na_again = Peer("na"), Peer("nc"), Peer("na")
+    na.svc.spaces["sessions"] = ReplicatedSpace("sessions", "na")
+    try:
+        for peer in (na, nc):
+            await peer.svc.async_start()
+            await link(wb.svc, peer.svc)
+        na.svc.put("sessions", "s", encode_claim(SessionClaim("na", 1000.0, FRESH, True, dict(SUBS))))
+        await until(lambda: "s" in wb.claims, "na's claim of s at nb")
+        na.svc.put("sessions", "s", encode_claim(SessionClaim("nb", 1001.0, MIGRATED, True, dict(SUBS), {"na": 5})))
+        await until(lambda: wb._awaited("s") == "na", "nb's claim of s at nb, the hand-over awaited")
+        wb.route_remote(_message("m1"), [])
+        await until(lambda: "m1" in na.received and wb.svc.senders["na"].in_transit == 0, "na's ack of m1")
+
+        await na.svc.async_stop()
+        await until(lambda: not wb.svc.links.is_up("na"), "na down at nb")
+        fetch = wb.prepare_connect("s", False)
+        assert fetch is not None and await fetch == ReasonCode.SUCCESS
+        assert [d.message.msg_id for d in nb.broker.sessions["s"].queue] == []
+
+        await na_again.svc.async_start()
+        await link(wb.svc, na_again.svc)
+        record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+        handover = encode_handover(1001.0, record, [Delivery(1, _message("m0"), 1, False)], [], ["m1", "m0"])
+        na_again.svc.send("nb", SessionState(0, "s", True, bytes([FROM_OWNER]) + handover))
+        await until(lambda: nb.broker.sessions["s"].queue, "the late hand-over merged")
+        assert [d.message.msg_id for d in nb.broker.sessions["s"].queue] == ["m0"]
+    finally:
+        for peer in (na, nc, na_again):
             await peer.svc.async_stop()
         await stop_node(nb)
