@@ -14,7 +14,7 @@ from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
 from appliance.cluster.ownership import SessionClaim, claim_order, decode_claim, hands_over
 from appliance.cluster.records import decode_retained, retained_order
-from appliance.cluster.wire import encode
+from appliance.cluster.wire import Forward, encode
 
 from .cluster_sessions import seq_key
 
@@ -40,6 +40,7 @@ class ClaimRouting:
     claims: dict[str, SessionClaim]
     _seen: dict[str, OrderedDict[str, None]]
     _awaiting: dict[str, str]  # client id -> old owner whose hand-over we await (claim ours, no session)
+    _awaited_acked: dict[str, tuple[str, list[Message]]]  # client id -> (that old owner, what it acked for it)
     _stand_ins: dict[str, str]
     _released: dict[str, float]
     _resumes: dict[str, list[tuple[str, str, int, int]]]
@@ -109,6 +110,7 @@ class ClaimRouting:
                 self.remote_tree.remove(cid, topic_filter)
         if claim is None or claim.owner != self.node_id:
             self._stand_ins.pop(cid, None)
+            self._awaited_acked.pop(cid, None)  # the old owner passes them on to the new one
         if claim is None:
             self.claims.pop(cid, None)
             return
@@ -151,6 +153,24 @@ class ClaimRouting:
         node = self._awaiting.get(cid)
         return node if node is not None and (self.broker is None or cid not in self.broker.sessions) else None
 
+    def _acked_while_awaited(self, peer: str, released: list[Forward]) -> None:
+        """`peer` acknowledged forwards for a session whose hand-over from it we await: it passes them on only behind
+        that hand-over (read after it let the session go, or answered as duplicates at a link-up while its resent
+        hand-over waited behind holds), so after the newer ones we still buffer for it, which join the session at
+        the adoption (chaos 90119, reordered). Kept, they join it first (_take_awaited_acked); the pass-on is
+        dropped by message id."""
+        for fwd in released:
+            for cid in fwd.clients:
+                if self._awaited(cid) == peer:
+                    old, kept = self._awaited_acked.setdefault(cid, (peer, []))
+                    if old == peer:
+                        kept.append(fwd.message)
+
+    def _take_awaited_acked(self, cid: str, old: str) -> list[Message]:
+        """What `old` acknowledged for `cid` while we awaited its hand-over, oldest first (now adopted here)."""
+        kept = self._awaited_acked.pop(cid, None)
+        return kept[1] if kept is not None and kept[0] == old else []
+
     def _end_awaiting(self, cid: str) -> str | None:
         """Stop routing a session through its old owner (adopted, or the claim changed); return that node."""
         node = self._awaiting.pop(cid, None)
@@ -187,6 +207,9 @@ class ClaimRouting:
             if self.broker is None or cid not in self.broker.sessions:
                 return  # the hand-over has not arrived yet: the old node passes these on after it, in order
             self._end_awaiting(cid)
+            # Not taken by an adoption (_take_awaited_acked): a stand-in start, whose later hand-over's ids are not
+            # known yet (one the old owner had delivered would be sent again): they come late, passed on.
+            self._awaited_acked.pop(cid, None)
         acked = self._take_acked_during_hold(cid, old)  # older than those still buffered: they go first
         for message in acked:
             if new == self.node_id:

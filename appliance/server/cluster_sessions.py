@@ -95,6 +95,10 @@ class SessionMigration:
         """The old owner whose hand-over of a session of ours has not come yet (ClusterWiring)."""
         raise NotImplementedError
 
+    def _take_awaited_acked(self, cid: str, old: str) -> list[Message]:
+        """What `old` acknowledged for the session while its hand-over was awaited (ClusterWiring)."""
+        raise NotImplementedError
+
     # -- once per session ---------------------------------------------------------------------------------------
     def _remember(self, cid: str, msg_id: str) -> bool:
         """Record that a message was queued for a session here; False if it already was."""
@@ -352,8 +356,10 @@ class SessionMigration:
                              dict(current.marks) if current else {})
         adopt_session(broker, record, queue, qos2)
         log.info("session %s handed over by %s (%d queued)", cid, peer, len(queue))
-        # Our forwards still buffered for the old owner join the session now, in order, before any newer local
-        # publish (the old owner's acks for the rest follow this state on the link).
+        # What the old owner acknowledged meanwhile (it passes those on behind this state) and then our forwards still
+        # buffered for it join the session now, in order, before any newer local publish; copies it had are dropped.
+        for message in self._take_awaited_acked(cid, peer):
+            self._onward(message, self._deliver_here(message, (cid,)))
         self._retarget(cid, peer, self.node_id)
 
     def _stand_in(self, cid: str, old: str) -> None:

@@ -79,6 +79,7 @@ class ClusterWiring(QueueReplication, ClaimRouting, SessionMigration, HandoverAn
         self._origin: dict[str, Lineage] = {}  # client id -> how the session being connected got here
         self._seen: dict[str, OrderedDict[str, None]] = {}  # client id -> ids of messages queued for it here
         self._awaiting: dict[str, str] = {}  # client id -> old owner whose hand-over we await (claim ours, no session)
+        self._awaited_acked: dict[str, tuple[str, list[Message]]] = {}  # what that old owner acked for it meanwhile
         self._stand_ins: dict[str, str] = {}  # client id -> old owner ("": unknown) whose late hand-over joins it here
         self._handing: dict[str, Handing] = {}
         self._resend_due: dict[str, int] = {}  # hand-overs to resend once a restart is reconciled (HandoverAnswers)
@@ -412,6 +413,8 @@ class ClusterWiring(QueueReplication, ClaimRouting, SessionMigration, HandoverAn
         """The peer acked: drop the forwards from the durable in-transit buffer."""
         if self._resumes:
             self._acked_during_hold(peer, released)
+        if self._awaiting:
+            self._acked_while_awaited(peer, released)
         for fwd in released:
             if fwd.message.qos:
                 self.inner.kv_delete(f"fwd/{peer}", seq_key(fwd.seq))
