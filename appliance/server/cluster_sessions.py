@@ -363,13 +363,34 @@ class SessionMigration:
         broker = self.broker
         assert broker is not None
         claim = self.claims[cid]
-        log.warning("session %s: claimed here, no hand-over%s yet: started here from its claim", cid,
-                    f" from {old}" if old else "")
-        record = SessionRecord(cid, 5, broker.settings.max_session_expiry, subscriptions=dict(claim.subscriptions))
-        adopt_session(broker, record, [], [])
+        copy = self._stand_in_copy(cid, old, claim)
+        log.warning("session %s: claimed here, no hand-over%s yet: started here from its claim%s", cid,
+                    f" from {old}" if old else "", f" and our copy ({len(copy.queue)} queued)" if copy else "")
+        if copy is not None:
+            # Our replica copy of the state `old` let go (its OP_DROP had not come: chaos 90187, 15 lost): its
+            # queue first, as a hand-over's; the late hand-over adds only what we lack (by message id).
+            for msg_id in copy.seen:
+                self._remember(cid, msg_id)
+            copy.record.subscriptions = dict(claim.subscriptions)
+            adopt_session(broker, copy.record, copy.deliveries(), sorted(copy.qos2))
+            self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
+        else:
+            record = SessionRecord(cid, 5, broker.settings.max_session_expiry,
+                                   subscriptions=dict(claim.subscriptions))
+            adopt_session(broker, record, [], [])
         self._stand_ins[cid] = old
         self._emit("migrated", subscriber=cid, reason="stand_in")
         self._retarget(cid, old, self.node_id)  # ends the awaiting; our forwards buffered for `old` join it, in order
+
+    def _stand_in_copy(self, cid: str, old: str, claim: SessionClaim) -> ReplicaCopy | None:
+        """Our replica copy of the session `old` let go to us, if it is of that hand-over's lineage: owned by `old`
+        under an older claim, and further than the state any earlier owner handed on (a copy `old` left behind
+        when the session moved away from it before, its OP_DROP lost, is not)."""
+        copy = self.copies.get(cid)
+        if copy is None or not old or copy.owner != old or copy.epoch >= claim.epoch:
+            return None
+        earlier = [base for node, base in claim.bases.items() if node != old]
+        return copy if queue_position(copy) > max(earlier, default=0) else None
 
     def _nowhere(self, message: Message, cid: str, claim: SessionClaim) -> None:
         """A message for a session whose claim names this node, with no session here and no hand-over awaited (a
