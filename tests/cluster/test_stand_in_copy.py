@@ -12,6 +12,7 @@ in-memory link through the broker's own CONNECT.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from appliance.broker.model import Delivery, SessionRecord
@@ -20,16 +21,20 @@ from appliance.cluster.ownership import (
     MIGRATED,
     OP_SNAPSHOT,
     SessionClaim,
+    apply_op,
     encode_claim,
+    encode_copy,
     encode_handover,
     encode_snapshot,
 )
-from appliance.cluster.wire import SessionState
+from appliance.cluster.wire import SessionState, SessionTakeover
 from appliance.protocol.packets import MQTT_5, Connack, Connect, Properties
 from appliance.protocol.reason_codes import ReasonCode
 from tests.cluster.test_stand_in_connect import FROM_OWNER, SUBS, _message, _payloads, _replicated
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
 from tests.unit.broker.test_restore import RecordingLink
+
+FROM_COPY = bytes([2])
 
 
 async def test_a_stand_in_start_resumes_from_our_copy_of_the_old_owners_session(tmp_path: Path) -> None:
@@ -84,4 +89,42 @@ async def test_a_stand_in_start_resumes_from_our_copy_of_the_old_owners_session(
     finally:
         await relay.svc.async_stop()
         await returned.svc.async_stop()
+        await stop_node(n1)
+
+
+async def test_a_stand_in_start_resumes_from_a_peers_copy_of_the_old_owners_session(tmp_path: Path) -> None:
+    """The same with n0's replica of s on n2, not on the taker n1: n1 asks its peers, n2 answers with its copy
+    (m1), and the session starts from it: m1 before m2. Before, it started empty (m2 only)."""
+    n1 = await start_node(tmp_path / "n1", "n1", ("n0", "n2"))
+    relay = Peer("n2")
+    wiring = wiring_of(n1)
+    try:
+        await relay.svc.async_start()
+        await link(wiring.svc, relay.svc)
+        record = SessionRecord("s", 5, 3600, subscriptions=dict(SUBS))
+        queue = [Delivery(1, _message("m1", 1), 1, False)]
+        copy = apply_op(None, "n0", OP_SNAPSHOT, encode_snapshot(1000.0, record, queue, []))
+        assert copy is not None
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n0", 1000.0, FRESH, True, dict(SUBS))))
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("n1", 2000.0, MIGRATED, True, dict(SUBS),
+                                                                  {"n0": 2})))
+        wiring.route_remote(_message("m2", 2), [])  # buffered for n0 (its hand-over awaited, n0 unreachable)
+
+        fetch = wiring.prepare_connect("s", False)
+        assert fetch is not None
+        answered = asyncio.ensure_future(fetch)
+        await until(lambda: answered.done() or any(isinstance(m, SessionTakeover) for m in relay.session_messages),
+                    "n1 asks n2 (or starts s)")
+        for ask in [m for m in relay.session_messages if isinstance(m, SessionTakeover)]:
+            relay.svc.send("n1", SessionState(ask.request_id, "s", True, FROM_COPY + encode_copy(copy)))
+        assert await answered == ReasonCode.SUCCESS
+        client = RecordingLink(MQTT_5)
+        session = n1.broker.connect(client, Connect("s", MQTT_5, False, 60,
+                                                    properties=Properties(session_expiry_interval=3600)),
+                                    ReasonCode.SUCCESS)
+        assert session is not None
+        await _replicated(relay, lambda: b"m2" in _payloads(client), "m2 delivered")
+        assert _payloads(client) == [b"m1", b"m2"]
+    finally:
+        await relay.svc.async_stop()
         await stop_node(n1)
