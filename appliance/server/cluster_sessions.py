@@ -372,9 +372,9 @@ class SessionMigration:
         claim = self.claims[cid]
         copy = self._stand_in_copy(cid, old, claim, offered or [])
         log.warning("session %s: claimed here, no hand-over%s yet: started here from its claim%s", cid,
-                    f" from {old}" if old else "", f" and our copy ({len(copy.queue)} queued)" if copy else "")
+                    f" from {old}" if old else "", f" and a copy ({len(copy.queue)} queued)" if copy else "")
         if copy is not None:
-            # Our replica copy of the state `old` let go (its OP_DROP had not come: chaos 90187, 15 lost): its
+            # A replica copy of the state `old` let go (ours: its OP_DROP had not come, chaos 90187, 15 lost): its
             # queue first, as a hand-over's; the late hand-over adds only what we lack (by message id).
             for msg_id in copy.seen:
                 self._remember(cid, msg_id)
