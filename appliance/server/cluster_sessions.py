@@ -146,16 +146,23 @@ class SessionMigration:
     async def _async_stand_in(self, cid: str, old: str) -> int:
         """CONNECT for a session of ours whose claim came before its hand-over from `old` (_await_handover): asked
         again, `old` resends it (adopted on arrival, in order). If it cannot (unreachable, or it no longer holds
-        one), the session starts here from its claim (_stand_in) and the hand-over joins it if it comes later (late,
-        not lost; before, it was taken for one already adopted here and its queue was dropped). Not a new session
+        one), the session starts here from its claim (_stand_in), from a replica copy of `old`'s if we or a peer hold
+        one (chaos 90187), and the hand-over joins it if it comes later (late, not lost; before, it was taken for one
+        already adopted here and its queue was dropped). Not a new session
         from the broker: without the claim's subscriptions the forwards buffered for `old`, retargeted into it,
         matched nothing and were dropped, and the client was told session present = 0 (chaos 70533, 89 lost)."""
         if self.svc.links.is_up(old):
             answer = await self._async_ask(old, cid, False)
             if answer is not None and answer[0] == FROM_OWNER:
                 return ReasonCode.SUCCESS  # adopted when the state arrived
+        offered: list[ReplicaCopy] = []
+        claim = self.claims.get(cid)
+        if claim is not None and self._stand_in_copy(cid, old, claim, []) is None:  # the replica may be a third node
+            peers = [p for p in self.svc.links.up_peers() if p != old]
+            answers = await asyncio.gather(*(self._async_ask(p, cid, False) for p in peers))
+            offered = [decode_copy(a[1]) for a in answers if a is not None and a[0] == FROM_COPY]
         if self._awaited(cid) == old:
-            self._stand_in(cid, old)
+            self._stand_in(cid, old, offered)
             self._origin[cid] = (FRESH, {}, {})  # it does not continue old's state (yet): a loser hands over all
         return ReasonCode.SUCCESS
 
@@ -362,20 +369,43 @@ class SessionMigration:
             self._onward(message, self._deliver_here(message, (cid,)))
         self._retarget(cid, peer, self.node_id)
 
-    def _stand_in(self, cid: str, old: str) -> None:
+    def _stand_in(self, cid: str, old: str, offered: list[ReplicaCopy] | None = None) -> None:
         """Start a persistent session of ours here from its claim although its hand-over from `old` ("": unknown,
         after a restart) has not come: messages acknowledged for it must not be routed nowhere. If the hand-over
         turns up after all, what it holds joins the session (late, not lost: _on_handover)."""
         broker = self.broker
         assert broker is not None
         claim = self.claims[cid]
-        log.warning("session %s: claimed here, no hand-over%s yet: started here from its claim", cid,
-                    f" from {old}" if old else "")
-        record = SessionRecord(cid, 5, broker.settings.max_session_expiry, subscriptions=dict(claim.subscriptions))
-        adopt_session(broker, record, [], [])
+        copy = self._stand_in_copy(cid, old, claim, offered or [])
+        log.warning("session %s: claimed here, no hand-over%s yet: started here from its claim%s", cid,
+                    f" from {old}" if old else "", f" and a copy ({len(copy.queue)} queued)" if copy else "")
+        if copy is not None:
+            # A replica copy of the state `old` let go (ours: its OP_DROP had not come, chaos 90187, 15 lost): its
+            # queue first, as a hand-over's; the late hand-over adds only what we lack (by message id).
+            for msg_id in copy.seen:
+                self._remember(cid, msg_id)
+            copy.record.subscriptions = dict(claim.subscriptions)
+            adopt_session(broker, copy.record, copy.deliveries(), sorted(copy.qos2))
+            if copy is self.copies.get(cid):
+                self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
+        else:
+            record = SessionRecord(cid, 5, broker.settings.max_session_expiry,
+                                   subscriptions=dict(claim.subscriptions))
+            adopt_session(broker, record, [], [])
         self._stand_ins[cid] = old
         self._emit("migrated", subscriber=cid, reason="stand_in")
         self._retarget(cid, old, self.node_id)  # ends the awaiting; our forwards buffered for `old` join it, in order
+
+    def _stand_in_copy(self, cid: str, old: str, claim: SessionClaim,
+                       offered: list[ReplicaCopy]) -> ReplicaCopy | None:
+        """The freshest replica copy (ours, or `offered` by peers) of the session `old` let go to us that is of that
+        hand-over's lineage: owned by `old` under an older claim, and further than the state any earlier owner
+        handed on (a copy `old` left behind when the session moved away from it before, its OP_DROP lost, is not)."""
+        earlier = max([base for node, base in claim.bases.items() if node != old], default=0)
+        local = self.copies.get(cid)
+        fit = [c for c in ([local] if local is not None else []) + offered
+               if old and c.owner == old and c.epoch < claim.epoch and queue_position(c) > earlier]
+        return freshest(fit) if fit else None
 
     def _nowhere(self, message: Message, cid: str, claim: SessionClaim) -> None:
         """A message for a session whose claim names this node, with no session here and no hand-over awaited (a
