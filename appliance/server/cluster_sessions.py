@@ -316,7 +316,7 @@ class SessionMigration:
         """The owner let a session go to us: adopt it now, in stream order, even if we gave up asking (it is gone
         there). If we gave up and hold the session already (resumed from a replica meanwhile), merge instead: what
         we lack of its queue joins ours, in order; replacing ours would drop what it queued since. If it moved on
-        to a third node meanwhile, that node gets what it lacks."""
+        meanwhile (to a third node, or back to the sender), its owner gets what it lacks."""
         broker = self.broker
         assert broker is not None
         epoch, record, queue, qos2, seen = decode_handover(data)
@@ -333,11 +333,12 @@ class SessionMigration:
         self._adopted[cid] = epoch
         claim = self.claims.get(cid)
         if (not waiting and cid not in broker.sessions and claim is not None and claim.epoch > epoch
-                and claim.owner not in (self.node_id, peer)):
+                and claim.owner != self.node_id):
             # The session moved on while this hand-over waited for us (we died before confirming it): adopting it
             # would strand its queue here; what the current owner cannot have goes to it (it drops what it has by
             # id; not a RELEASED one, the client has it: after a start here from the claim nobody since knew its id,
-            # chaos 80276).
+            # chaos 80276). The owner may be the sender itself, the session back there since: adopted, the stale
+            # copy made us take its next hand-over to us for a resend we had, and dropped it (chaos 100080).
             passed = [d for d in queue if d.state != DeliveryState.RELEASED and hands_over(claim, peer, d.seq)]
             for delivery in passed:
                 self._onward(delivery.message, [cid])
