@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from appliance.broker.handover import release_session, session_image
-from appliance.broker.model import Message
+from appliance.broker.model import DeliveryState, Message
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
 from appliance.cluster.ownership import SessionClaim, claim_order, decode_claim, hands_over
@@ -181,7 +181,8 @@ class ClaimRouting:
         return node
 
     def _lose(self, cid: str, claim: SessionClaim) -> None:
-        """Another node's claim won: our connection gets 0x8E; messages it cannot have are handed to it."""
+        """Another node's claim won: our connection gets 0x8E; messages it cannot have are handed to it (not a
+        RELEASED one: the client has it; a winner started from its claim would send it again as new, chaos 100210)."""
         broker = self.broker
         assert broker is not None
         image = session_image(broker, cid)
@@ -189,7 +190,8 @@ class ClaimRouting:
         self._released[cid] = time.monotonic()
         if image is not None:
             for delivery in image[1]:
-                if hands_over(claim, self.node_id, delivery.seq):  # the winner dedupes by message id
+                # The winner dedupes by message id, but one started from its claim knows none of ours.
+                if delivery.state != DeliveryState.RELEASED and hands_over(claim, self.node_id, delivery.seq):
                     self._forward(claim.owner, delivery.message, (cid,))
         release_session(broker, cid, clean_start=False)
         # The ids go with the session (the winner dedupes by its own memory): kept here, a forward handed to a winner
