@@ -12,7 +12,7 @@ from appliance.broker.handover import release_session, session_image
 from appliance.broker.model import DeliveryState, Message
 from appliance.broker.topictree import TopicTree
 from appliance.cluster import dvv
-from appliance.cluster.ownership import SessionClaim, claim_order, decode_claim, hands_over
+from appliance.cluster.ownership import Handing, SessionClaim, claim_order, decode_claim, decode_handover, hands_over
 from appliance.cluster.records import decode_retained, retained_order
 from appliance.cluster.wire import Forward, encode
 
@@ -47,6 +47,8 @@ class ClaimRouting:
     _end_resume_holds: Callable[..., bool]  # HandoverAnswers: release heal-time holds of a session
     _take_acked_during_hold: Callable[[str, str], list[Message]]  # HandoverAnswers: acked by `old` during a hold
     _unstrand: Callable[[str, int], None]  # IngressGuard: a forward no longer stranded
+    _handing: dict[str, Handing]  # client id -> our unconfirmed hand-over (HandoverAnswers)
+    _handed: Callable[[str], None]  # HandoverAnswers: forget a hand-over
 
     @property
     def svc(self) -> ClusterService:
@@ -129,8 +131,24 @@ class ClaimRouting:
         broker = self.broker
         if broker is not None and cid in broker.sessions:
             self._lose(cid, claim)
+        self._pass_on_superseded(cid, claim)
         if old is not None and old.owner != claim.owner:
             self._retarget(cid, old.owner, claim.owner)
+
+    def _pass_on_superseded(self, cid: str, claim: SessionClaim) -> None:
+        """A newer claim of another node than our unconfirmed hand-over's taker (it resumed from a copy, or started
+        from its claim, without it): what its lineage lacks of that hand-over goes to it now, ahead of the forwards we
+        retarget and of anything newer; resent to the taker, it reached the owner behind them (chaos 100302)."""
+        taker, data, _resumable = self._handing.get(cid, ("", b"", False))
+        if not taker or taker == claim.owner or claim.owner == self.node_id:
+            return
+        epoch, _record, queue, _qos2, _seen = decode_handover(data[1:])
+        if claim.epoch <= epoch:
+            return
+        for delivery in queue:  # not a RELEASED one: the client has it (chaos 100210)
+            if delivery.state != DeliveryState.RELEASED and hands_over(claim, self.node_id, delivery.seq):
+                self._forward(claim.owner, delivery.message, (cid,))
+        self._handed(cid)
 
     def _await_handover(self, cid: str, claim: SessionClaim, old: str) -> None:
         """Our claim arrived before the session (chaos seed 30318: relayed by a third node while the old owner's
