@@ -64,6 +64,8 @@ class HandoverAnswers:
     _resend_due: dict[str, int]  # client id -> request id: a hand-over to resend once reconciled (0: at link-up)
     clock: Callable[[], float]
     _on_handover: Callable[[str, str, bytes, bool, bool], None]  # SessionMigration: adopt a session handed to us
+    _kept_copies: dict[str, list[str]]  # QueueReplication: replicas keeping their copy until our hand-over is confirmed
+    _drop_kept_copies: Callable[[str], None]  # QueueReplication: the taker confirmed, they drop it
 
     @property
     def svc(self) -> ClusterService:
@@ -88,6 +90,10 @@ class HandoverAnswers:
         if isinstance(msg, SessionTakeover):
             cid = msg.client_id
             if cid in broker.sessions:
+                # Our replicas keep their copy until the taker confirms: the hand-over may wait behind holds, and we
+                # may die before it leaves (chaos 100334: the copy was dropped at once, the taker started empty).
+                if not msg.clean_start and broker.sessions[cid].record.expiry_interval > 0:
+                    self._kept_copies.setdefault(cid, [])
                 image = release_session(broker, cid, msg.clean_start)
                 assert image is not None
                 record, queue, qos2 = image
@@ -177,9 +183,10 @@ class HandoverAnswers:
         self.inner.kv_put(HANDING, cid, encode_handing(entry))
 
     def _handed(self, cid: str) -> None:
-        """The taker confirmed the hand-over (or it was superseded): forget it."""
+        """The taker confirmed the hand-over (or it was superseded): forget it; our replicas drop their copy."""
         del self._handing[cid]
         self.inner.kv_delete(HANDING, cid)
+        self._drop_kept_copies(cid)
 
     def _held_copy(self, cid: str) -> tuple[ReplicaCopy | None, bool]:
         """What we hold of a session owned elsewhere: our replica copy or, while the claim's owner has not confirmed

@@ -44,6 +44,7 @@ class QueueReplication:
     r: int
     claims: dict[str, SessionClaim]
     assigned: dict[str, list[str]]
+    _kept_copies: dict[str, list[str]]  # client id -> replicas whose copy stays until the taker confirms our hand-over
     clock: Callable[[], float]
     _seq_base: int
     _rebalance_pending: bool
@@ -99,6 +100,14 @@ class QueueReplication:
             store.add_wait(peer, rep.seq, "r")
         return rep.seq
 
+    def _drop_kept_copies(self, cid: str) -> None:
+        """Our hand-over of `cid` was confirmed (or superseded): the replicas kept their copy until now (a stand-in
+        start resumes from it if we die with the hand-over unsent, chaos 100334); not if the session is ours again."""
+        peers = self._kept_copies.pop(cid, [])
+        if self.broker is not None and cid not in self.broker.sessions:
+            for peer in peers:
+                self._replicate(peer, cid, OP_DROP, b"", False)
+
     def _session_op(self, cid: str, op: int, data: bytes, acked: bool) -> None:
         """A write to a session's durable state: the same write to its replicas (releases go as one operation per
         session and loop iteration, ahead of the session's next other operation)."""
@@ -115,7 +124,11 @@ class QueueReplication:
             self._replicate_removes(cid, removes.pop(cid))
         if op == OP_DROP:
             self._moving.pop(cid, None)
-            for peer in self.assigned.pop(cid, []):
+            replicas = self.assigned.pop(cid, [])
+            if cid in self._kept_copies:  # handed over: kept until the taker confirms it (_drop_kept_copies)
+                self._kept_copies[cid] += [p for p in replicas if p not in self._kept_copies[cid]]
+                return
+            for peer in replicas:
                 self._replicate(peer, cid, OP_DROP, b"", False)
             return
         session = broker.sessions.get(cid)

@@ -82,6 +82,7 @@ class ClusterWiring(QueueReplication, ClaimRouting, SessionMigration, HandoverAn
         self._awaited_acked: dict[str, tuple[str, list[Message]]] = {}  # what that old owner acked for it meanwhile
         self._stand_ins: dict[str, str] = {}  # client id -> old owner ("": unknown) whose late hand-over joins it here
         self._handing: dict[str, Handing] = {}
+        self._kept_copies: dict[str, list[str]] = {}
         self._resend_due: dict[str, int] = {}  # hand-overs to resend once a restart is reconciled (HandoverAnswers)
         self._adopted: dict[str, float] = {}
         self._released: dict[str, float] = {}
