@@ -177,8 +177,8 @@ class HandoverAnswers:
 
     def _hand(self, cid: str, entry: Handing) -> None:
         """Keep a hand-over until its taker confirms it, on disk too (written right after the session's deletion):
-        with the answer lost on a dead link it is the session's only copy (the replicas dropped theirs), and this
-        node may be killed and restarted before the link returns."""
+        with the answer lost on a dead link it is the session's only full copy (the replicas keep theirs until then,
+        but a restart forgets to drop them), and this node may be killed and restarted before the link returns."""
         self._handing[cid] = entry
         self.inner.kv_put(HANDING, cid, encode_handing(entry))
 
