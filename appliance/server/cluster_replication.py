@@ -214,6 +214,8 @@ class QueueReplication:
         `sent` collects the (replica, seq) of the snapshots."""
         want = self._placement(cid)
         have = self.assigned.get(cid, [])
+        if not want and have:  # no live node to move to: the copies stay until a new replica holds the session
+            return have
         pending, _kept = self._moving.pop(cid, ({}, []))
         pending = {peer: seq for peer, seq in pending.items() if peer in want}
         if want != have:
@@ -225,8 +227,9 @@ class QueueReplication:
                                                     self._snapshot_waiter(cid, peer))
                     if sent is not None:
                         sent.append((peer, pending[peer]))
-            live = set(self._live()) if pending else set()
-            kept = [peer for peer in have if peer not in want and peer in live]
+            # Kept until the new replicas hold the snapshot, a down one too (its stream is resent at link-up): an
+            # OP_DROP queued for it at once left no copy when it came back first (chaos 100459: pub2 fresh).
+            kept = [peer for peer in have if peer not in want] if pending else []
             for peer in have:
                 if peer not in want and peer not in kept:  # a copy left behind keeps pending messages released
                     self._replicate(peer, cid, OP_DROP, b"", False)  # later (chaos 30033)
