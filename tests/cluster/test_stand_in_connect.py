@@ -23,6 +23,7 @@ from appliance.cluster.ownership import FRESH, MIGRATED, SessionClaim, encode_cl
 from appliance.cluster.wire import SessionState
 from appliance.protocol.packets import MQTT_5, Connack, Connect, Properties, Publish
 from appliance.protocol.reason_codes import ReasonCode
+from appliance.server.node import Node
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, wiring_of
 from tests.unit.broker.test_restore import RecordingLink
 
@@ -48,6 +49,20 @@ async def _replicated(replica: Peer, predicate: Callable[[], object], what: str)
     pytest.fail(f"timed out waiting for {what}")
 
 
+async def connect_persistent(node: Node, relay: Peer) -> RecordingLink:
+    """Client s connects to `node` after its fetch (clean start 0, session expiry 1 h): CONNACK success, session
+    present."""
+    client = RecordingLink(MQTT_5)
+    session = node.broker.connect(client, Connect("s", MQTT_5, False, 60,
+                                                  properties=Properties(session_expiry_interval=3600)),
+                                  ReasonCode.SUCCESS)
+    assert session is not None
+    await _replicated(relay, lambda: any(isinstance(p, Connack) for p in client.sent), "CONNACK")
+    connack = next(p for p in client.sent if isinstance(p, Connack))
+    assert connack.reason_code == ReasonCode.SUCCESS and connack.session_present
+    return client
+
+
 async def test_a_connect_while_the_hand_over_is_awaited_from_an_unreachable_owner_keeps_the_session(
         tmp_path: Path) -> None:
     """n1 holds the claim of s (relayed by n2) but not n0's hand-over, n0 unreachable; m2, published on n1
@@ -70,14 +85,7 @@ async def test_a_connect_while_the_hand_over_is_awaited_from_an_unreachable_owne
 
         fetch = wiring.prepare_connect("s", False)
         assert fetch is not None and await fetch == ReasonCode.SUCCESS
-        client = RecordingLink(MQTT_5)
-        session = n1.broker.connect(client, Connect("s", MQTT_5, False, 60,
-                                                    properties=Properties(session_expiry_interval=3600)),
-                                    ReasonCode.SUCCESS)
-        assert session is not None
-        await _replicated(relay, lambda: any(isinstance(p, Connack) for p in client.sent), "CONNACK")
-        connack = next(p for p in client.sent if isinstance(p, Connack))
-        assert connack.reason_code == ReasonCode.SUCCESS and connack.session_present
+        client = await connect_persistent(n1, relay)
         assert dict(n1.broker.sessions["s"].record.subscriptions) == SUBS
         await _replicated(relay, lambda: len(_payloads(client)) >= 2, "m0 and m2 delivered")
         assert _payloads(client) == [b"m0", b"m2"]  # buffered for n0, not dropped

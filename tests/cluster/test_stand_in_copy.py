@@ -28,11 +28,16 @@ from appliance.cluster.ownership import (
     encode_snapshot,
 )
 from appliance.cluster.wire import SessionState, SessionTakeover
-from appliance.protocol.packets import MQTT_5, Connack, Connect, Properties
 from appliance.protocol.reason_codes import ReasonCode
-from tests.cluster.test_stand_in_connect import FROM_OWNER, SUBS, _message, _payloads, _replicated
+from tests.cluster.test_stand_in_connect import (
+    FROM_OWNER,
+    SUBS,
+    _message,
+    _payloads,
+    _replicated,
+    connect_persistent,
+)
 from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
-from tests.unit.broker.test_restore import RecordingLink
 
 FROM_COPY = bytes([2])
 
@@ -67,14 +72,7 @@ async def test_a_stand_in_start_resumes_from_our_copy_of_the_old_owners_session(
 
         fetch = wiring.prepare_connect("s", False)
         assert fetch is not None and await fetch == ReasonCode.SUCCESS
-        client = RecordingLink(MQTT_5)
-        session = n1.broker.connect(client, Connect("s", MQTT_5, False, 60,
-                                                    properties=Properties(session_expiry_interval=3600)),
-                                    ReasonCode.SUCCESS)
-        assert session is not None
-        await _replicated(relay, lambda: any(isinstance(p, Connack) for p in client.sent), "CONNACK")
-        connack = next(p for p in client.sent if isinstance(p, Connack))
-        assert connack.reason_code == ReasonCode.SUCCESS and connack.session_present
+        client = await connect_persistent(n1, relay)
         await _replicated(relay, lambda: b"m2" in _payloads(client), "m2 delivered")
         assert _payloads(client) == [b"m1", b"m2"]  # the copy's queue first, not only with the late hand-over
         assert "s" not in wiring.copies  # resumed from it: the copy is gone
@@ -118,11 +116,7 @@ async def test_a_stand_in_start_resumes_from_a_peers_copy_of_the_old_owners_sess
         for ask in [m for m in relay.session_messages if isinstance(m, SessionTakeover)]:
             relay.svc.send("n1", SessionState(ask.request_id, "s", True, FROM_COPY + encode_copy(copy)))
         assert await answered == ReasonCode.SUCCESS
-        client = RecordingLink(MQTT_5)
-        session = n1.broker.connect(client, Connect("s", MQTT_5, False, 60,
-                                                    properties=Properties(session_expiry_interval=3600)),
-                                    ReasonCode.SUCCESS)
-        assert session is not None
+        client = await connect_persistent(n1, relay)
         await _replicated(relay, lambda: b"m2" in _payloads(client), "m2 delivered")
         assert _payloads(client) == [b"m1", b"m2"]
     finally:
