@@ -227,8 +227,9 @@ class ClaimRouting:
             if self.broker is None or cid not in self.broker.sessions:
                 return  # the hand-over has not arrived yet: the old node passes these on after it, in order
             self._end_awaiting(cid)
-            # Not taken by an adoption (_take_awaited_acked): a stand-in start, whose later hand-over's ids are not
-            # known yet (one the old owner had delivered would be sent again): they come late, passed on.
+            # Not taken by an adoption or a start from a copy (_take_awaited_acked): a stand-in start without a copy,
+            # whose hand-over's ids are not known (one the old owner had delivered would be sent again): they come
+            # late, passed on.
             self._awaited_acked.pop(cid, None)
         acked = self._take_acked_during_hold(cid, old)  # older than those still buffered: they go first
         for message in acked:

@@ -392,6 +392,11 @@ class SessionMigration:
             adopt_session(broker, copy.record, copy.deliveries(), sorted(copy.qos2))
             if copy is self.copies.get(cid):
                 self._persist_copy(cid, None, Replicate(0, cid, OP_DROP, b""), True)
+            # What `old` acknowledged for it while we awaited its hand-over (no longer in our buffer for it) comes
+            # next, ahead of our forwards still buffered there; the copy's ids drop those `old` had queued, delivered
+            # ones included. Left to `old`, they came with its late hand-over, behind newer ones (chaos 110025).
+            for message in self._take_awaited_acked(cid, old):
+                self._onward(message, self._deliver_here(message, (cid,)))
         else:
             record = SessionRecord(cid, 5, broker.settings.max_session_expiry,
                                    subscriptions=dict(claim.subscriptions))
