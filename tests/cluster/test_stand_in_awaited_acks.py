@@ -4,13 +4,15 @@ main 1385f9e, 7 reordered for sub0: pub0#165-169 and pub2#133-134 late, after pu
 node2 owned sub0 (replica node0) and let it go to node1's takeover question (07:08:16.49) just as node2 was
 isolated: node0 got node2's claim for node1 (16.495, and relayed it), the hand-over was cut off. node1 awaited it and
 routed sub0's messages to node2 (pub0's #170-211, published on node1 during the isolation, and the pub2 messages
-retargeted from node0). pub0#165-169, forwarded to node2 just before the isolation, were still in node1's buffer
-when its link to node2 expired (18.815: their PUBACKs went out then, allow_publish). At the link-up (19.948) node2
-acknowledged them (and pub2#133-134) while its resent hand-over waited behind holds: node1 kept them for the
-adoption (_acked_while_awaited, chaos 90119). sub0's CONNECT on node1 asked node2; the link was replaced (20.242)
+retargeted from node0). pub0#165-169, forwarded to node2 just before the isolation and read there just after it let
+sub0 go (passed on behind its hand-over), were still in node1's buffer when its link to node2 expired (18.815: their
+PUBACKs went out then, allow_publish). At the link-up (19.948) node2 acknowledged them (and pub2#133-134) at once,
+its waits on node1 settled, while its resent hand-over waited behind holds: node1 kept them for the adoption
+(_acked_while_awaited, chaos 90119). sub0's CONNECT on node1 asked node2; the link was replaced (20.242)
 with the question out, so node1 started sub0 as a stand-in from node0's copy (20.305, 56 queued: up to pub0#164 and
 pub2#132) and retargeted its 81 forwards still buffered for node2 (pub0#170+, pub2#135+) into it; the stand-in start
-dropped what node2 had acknowledged, which came only with node2's late hand-over (20.654, merged behind them).
+dropped what node2 had acknowledged, which came only with node2's pass-on, behind its late hand-over (20.654) and
+behind them. (The lost question is inferred: the replacement is logged 63 ms before the start.)
 
 Now a start from a copy queues what the awaited old owner acknowledged right after the copy's queue, ahead of the
 forwards still buffered for it (the copy's ids drop what the old owner had queued, delivered ones included); a
