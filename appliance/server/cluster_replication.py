@@ -4,6 +4,7 @@ releases batched per session and loop iteration), re-replication after membershi
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -77,10 +78,19 @@ class QueueReplication:
         assert self.broker is not None
         image = session_image(self.broker, cid)
         assert image is not None
-        claim = self.claims.get(cid)
         mark, stranded = self.snapshot_extras(cid)
-        return encode_snapshot(claim.epoch if claim else self.clock(), image[0], image[1], image[2], mark, stranded,
+        return encode_snapshot(self._copy_epoch(cid), image[0], image[1], image[2], mark, stranded,
                                list(self._seen.get(cid, ())))
+
+    def _copy_epoch(self, cid: str) -> float:
+        """The epoch our replicas' copy of a local session carries: its claim's, or just above the claim it supersedes
+        while ours is not written yet (taken over here). With that claim's own epoch, the old owner's late snapshot or
+        record (resent after its isolation) replaced our copy at the replica, which then ignored our enqueues (chaos
+        110009, 46 lost). Not the clock: a session restored here after its claim moved on must not beat its owner."""
+        claim = self.claims.get(cid)
+        if claim is None:
+            return self.clock()
+        return claim.epoch if claim.owner == self.node_id else math.nextafter(claim.epoch, math.inf)
 
     def _replicate(self, peer: str, cid: str, op: int, data: bytes, acked: bool, waiter: OnAcked | None = None) -> int:
         """Send one replica operation; return its stream seq. The session's batched enqueues go first."""
@@ -143,8 +153,7 @@ class QueueReplication:
             if op == OP_SESSION:
                 return
         if op == OP_SESSION:
-            claim = self.claims.get(cid)
-            data = encode_snapshot(claim.epoch if claim else self.clock(), session.record, [], [])
+            data = encode_snapshot(self._copy_epoch(cid), session.record, [], [])
         elif op == OP_ENQUEUE and peers:
             self._batch_enqueue(cid, peers, data, acked)
             return
