@@ -135,6 +135,7 @@ class ClusterService:
         self._hold_seq = 0
         self._hold_all = False
         self._unsent: dict[tuple[str, str], int] = {}  # (peer, "f" / "r") -> first seq held back, not yet sent
+        self._resending: set[str] = set()  # peers whose link-up is being reported: their streams wait for the resend
         # peer -> [(holds it waits for (0: hold_all), its own forward hold, message)] in order (send_behind_holds)
         self._behind: dict[str, list[tuple[set[int], int, ClusterMessage]]] = {}
         self._digest_parts: dict[tuple[str, str], list[tuple[str, VersionVector]]] = {}
@@ -239,7 +240,7 @@ class ClusterService:
         sender = _entry(self.senders, peer, ForwardSender)
         fwd = sender.submit(message, clients, on_acked)
         frame = encode(fwd)
-        if self._barriers or self._hold_all:
+        if self._barriers or self._hold_all or self._resending:
             self._defer_or_send(peer, "f", fwd, fwd.seq, frame)
         else:
             self.links.async_send_frame(peer, frame)
@@ -263,7 +264,7 @@ class ClusterService:
         """Queue one operation for a replica (persist the returned Replicate), send it if the link is up."""
         sender = _entry(self.replica_senders, peer, ReplicaSender)
         rep = sender.submit(client_id, op, data, on_acked)
-        if self._barriers or self._hold_all:
+        if self._barriers or self._hold_all or self._resending:
             self._defer_or_send(peer, "r", rep, rep.seq, None)
         else:
             self.links.async_send(peer, rep)
@@ -280,6 +281,8 @@ class ClusterService:
         return min(firsts) if firsts else None
 
     def _defer_or_send(self, peer: str, kind: str, msg: ClusterMessage, seq: int, frame: bytes | None) -> None:
+        if peer in self._resending:
+            return  # submitted while its link-up is reported: the resend that follows sends it, in order
         limit = self._limit(peer, kind) if (self._hold_all or self._barriers) else None
         if limit is not None and seq >= limit:
             key = (peer, kind)
@@ -366,8 +369,8 @@ class ClusterService:
             if first is None:
                 continue
             stream = self.senders.get(peer) if kind == "f" else self.replica_senders.get(peer)
-            if stream is None or not self.links.is_up(peer):
-                del self._unsent[key]  # the next link-up resends the whole buffer
+            if stream is None or not self.links.is_up(peer) or peer in self._resending:
+                del self._unsent[key]  # the (next) link-up resend sends the whole buffer
                 continue
             limit = self._limit(peer, kind)
             rest = None
@@ -449,8 +452,14 @@ class ClusterService:
             self._send_digest(peer, space)
         # Session messages lost with the old link (a hand-over) were sent before the forwards that followed them:
         # resent after those forwards, the hand-over's older messages reached the new owner behind newer ones
-        # (chaos seed 30270).
-        self.cb.on_member(peer, True)
+        # (chaos seed 30270). Stream writes the report makes go out with the resend, in order: sent first, one (a
+        # snapshot re-placing a session held for a peer still down) overtook the resend of what the old link lost,
+        # and the peer dropped that as released and acknowledged it (chaos seed 110340: a packet id lost).
+        self._resending.add(peer)
+        try:
+            self.cb.on_member(peer, True)
+        finally:
+            self._resending.discard(peer)
         sender, rsender = self.senders.get(peer), self.replica_senders.get(peer)
         if sender is not None:
             self._resend(peer, "f", sender.resend())
