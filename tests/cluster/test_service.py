@@ -139,6 +139,34 @@ async def test_forwarded_messages_are_acked_after_commit_and_resent_after_a_cras
         await a.svc.async_stop()
 
 
+async def test_a_forward_written_during_the_up_report_follows_the_resend() -> None:
+    """What the up callback writes to the peer's stream goes out after the resend of what it has not acknowledged
+    (chaos seed 110340: sent first, the peer took its seq for a released gap and dropped the resend)."""
+    a, b = Node("a"), Node("b", commit=False)
+    await connect(a, b)
+    try:
+        a.svc.forward("b", msg(0))
+        await until(lambda: a.svc.senders["b"].in_transit == 1, "m0 sent")
+        await b.svc.async_stop()  # gone before committing m0
+        await until(lambda: ("b", False) in a.members, "b down at a")
+
+        def member(peer: str, up: bool) -> None:
+            if up:
+                a.svc.forward(peer, msg(1))
+
+        a.svc.cb.on_member = member
+        b2 = Node("b")
+        await b2.svc.async_start()
+        b2.svc.async_add_seed("127.0.0.1", a.svc.port)
+        try:
+            await until(lambda: a.svc.senders["b"].in_transit == 0, "both acknowledged")
+            assert b2.durable == ["m0", "m1"]  # before the fix: ["m1"], m0 dropped as a duplicate
+        finally:
+            await b2.svc.async_stop()
+    finally:
+        await a.svc.async_stop()
+
+
 async def test_restored_spaces_keep_their_counter() -> None:
     restored = ReplicatedSpace("subs", "a", counter=41)
     a = Node("a", spaces={"subs": restored})
