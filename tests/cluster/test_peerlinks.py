@@ -315,13 +315,20 @@ def write_node_pki(tmp: Path, ca, name: str) -> tuple[Path, Path, Path]:
     return tmp / f"{name}-ca.crt", tmp / f"{name}.crt", tmp / f"{name}.key"
 
 
-async def test_mutual_tls_links_and_a_foreign_ca_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def tls_contexts(tmp_path: Path) -> dict[str, object]:
+    """Mutual-TLS contexts for nodes a and b (one cluster CA) and x (another CA), made off the event loop."""
     pki = pytest.importorskip("provisioning.pki")
     ca, _ = pki.load_or_create_ca(tmp_path / "ca", "lab")
     other_ca, _ = pki.load_or_create_ca(tmp_path / "other", "lab")
-    a = Node("a", tls=mutual_tls_contexts(*write_node_pki(tmp_path, ca, "a")))
-    b = Node("b", tls=mutual_tls_contexts(*write_node_pki(tmp_path, ca, "b")))
-    x = Node("x", tls=mutual_tls_contexts(*write_node_pki(tmp_path, other_ca, "x")))  # right secret, wrong CA
+    return {name: mutual_tls_contexts(*write_node_pki(tmp_path, authority, name))
+            for name, authority in (("a", ca), ("b", ca), ("x", other_ca))}
+
+
+async def test_mutual_tls_links_and_a_foreign_ca_is_refused(tls_contexts: dict[str, object],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    a, b = Node("a", tls=tls_contexts["a"]), Node("b", tls=tls_contexts["b"])
+    x = Node("x", tls=tls_contexts["x"])  # right secret, wrong CA
     caplog.set_level(logging.WARNING, "appliance.cluster.link")
     async with running(a, b, x):
         a.links.async_add_peer("b", "127.0.0.1", b.links.port)
