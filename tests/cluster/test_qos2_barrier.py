@@ -18,10 +18,18 @@ from pathlib import Path
 
 from appliance.broker.handover import adopt_session
 from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
+from appliance.cluster.link import LinkState
 from appliance.cluster.membership import rendezvous
-from appliance.cluster.ownership import MIGRATED, OP_SNAPSHOT, SessionClaim, decode_snapshot, encode_claim
+from appliance.cluster.ownership import (
+    MIGRATED,
+    OP_QOS2_ADD,
+    OP_SNAPSHOT,
+    SessionClaim,
+    decode_snapshot,
+    encode_claim,
+)
 from appliance.cluster.wire import Forward, Replicate
-from tests.cluster.wired_node import Peer, link, start_node, stop_node, until, wiring_of
+from tests.cluster.wired_node import Peer, link, publish_qos2_on, start_node, stop_node, until, wiring_of
 
 SUBS = {"t/#": SubscriptionOptions(qos=2)}
 
@@ -156,5 +164,56 @@ async def test_a_replica_alive_but_slow_to_acknowledge_holds_qos2_forwards_for_f
         assert wiring.svc.links.is_up("nb")
     finally:
         for peer in (nb, nt):
+            await peer.svc.async_stop()
+        await stop_node(na)
+
+
+async def test_a_qos2_forward_stays_held_while_the_silent_replicas_link_is_closing(tmp_path: Path) -> None:
+    """na owns pub (replica nb) and routes pub's QoS2 m1 to s on nt; nb never acknowledges m1's packet id. nb's link
+    expires: its connection is closed, its socket still closing, the down not reported yet, when the barrier's
+    expiry runs (chaos seed 110766's logs: node1, SIGCONTed, its overdue expiry rescheduled every iteration,
+    logged "QoS2 packet id of pub3 not acknowledged by ['node0'] ... forwards released" 17 ms before "cluster link
+    to node0 down"). m1 must not leave for nt then: once the down is reported, pub is re-replicated on nc (a
+    snapshot with the id) and m1 waits for nc's ack. Before: released at once, no replica left holding the id."""
+    na = await start_node(tmp_path / "na", "na", ("nb", "nc", "nt"), failure_timeout=1.0)
+    wiring = wiring_of(na)
+    pub = next(c for c in (f"p{n}" for n in range(200))
+               if rendezvous(c, ["nb", "nc", "nt"], 1) == ["nb"] and rendezvous(c, ["nc", "nt"], 1) == ["nc"])
+    nb, nc, nt = Peer("nb"), Peer("nc"), Peer("nt")
+    seen_at_m1: list[bool] = []
+
+    def on_forward(peer: str, fwd: Forward) -> None:
+        seen_at_m1.append(_holds_pid(nc.replicated, pub, 1))
+        nt.svc.forward_committed(peer, fwd.seq)
+
+    nt.svc.cb.on_forward = on_forward
+    task: asyncio.Task[None] | None = None
+    try:
+        for peer in (nb, nc, nt):
+            await peer.svc.async_start()
+            await link(wiring.svc, peer.svc)
+        task = asyncio.get_running_loop().create_task(_acking(nc))
+        wiring.svc.put("sessions", "s", encode_claim(SessionClaim("nt", 1000.0, MIGRATED, True, dict(SUBS))))
+        wiring.svc.put("sessions", pub, encode_claim(SessionClaim("na", 1000.0, MIGRATED, True, {})))
+        adopt_session(na.broker, SessionRecord(pub, 1, 3600), [], [])
+        await until(lambda: "s" in wiring.claims and any(r.client_id == pub for _p, r in nb.replicated),
+                    "s's claim at na, pub's snapshot at nb")
+        nb.ack_replicas()
+
+        publish_qos2_on(na, pub, 1, Message("m1", "t/x", b"x", 2, False, pub, 1000.0))
+        await until(lambda: any(r.client_id == pub and r.op == OP_QOS2_ADD for _p, r in nb.replicated),
+                    "m1's packet id at nb (never acknowledged)")
+        connection = wiring.svc.links._peers["nb"].link
+        assert connection is not None
+        connection.core.state = LinkState.CLOSED  # what the link's end does first, before its socket has closed
+        (mark,) = wiring._unconfirmed
+        wiring._q2_expire(mark)  # the overdue expiry, in that window
+        await nb.svc.async_stop()
+        await until(lambda: seen_at_m1, "m1 at nt")
+        assert seen_at_m1 == [True], "m1 reached nt while no live replica of pub held its packet id"
+    finally:
+        if task is not None:
+            task.cancel()
+        for peer in (nb, nc, nt):
             await peer.svc.async_stop()
         await stop_node(na)
