@@ -134,6 +134,10 @@ class ClaimRouting:
         self._pass_on_superseded(cid, claim)
         if old is not None and old.owner != claim.owner:
             self._retarget(cid, old.owner, claim.owner)
+        if awaited is not None and awaited != claim.owner and any(e[1] == awaited for e in self._resumes.get(cid, ())):
+            # A resume we held for while we awaited `awaited`'s hand-over (_hold_for_resume): what we kept for it
+            # follows the claim, in order, before anything newer (chaos 110899)
+            self._retarget(cid, awaited, claim.owner)
 
     def _pass_on_superseded(self, cid: str, claim: SessionClaim) -> None:
         """A newer claim of another node than our unconfirmed hand-over's taker (it resumed from a copy, or started

@@ -66,6 +66,7 @@ class HandoverAnswers:
     _on_handover: Callable[[str, str, bytes, bool, bool], None]  # SessionMigration: adopt a session handed to us
     _kept_copies: dict[str, list[str]]  # QueueReplication: replicas keeping their copy until our hand-over is confirmed
     _drop_kept_copies: Callable[[str], None]  # QueueReplication: the taker confirmed, they drop it
+    _awaited_acked: dict[str, tuple[str, list[Message]]]  # ClaimRouting: (that old owner, what it acked for it)
 
     @property
     def svc(self) -> ClusterService:
@@ -74,6 +75,10 @@ class HandoverAnswers:
 
     def _emit(self, kind: str, **fields: Any) -> None:
         """Delivery-log event (ClusterWiring)."""
+        raise NotImplementedError
+
+    def _awaited(self, cid: str) -> str | None:
+        """The old owner whose hand-over of a session of ours has not come yet (ClusterWiring)."""
         raise NotImplementedError
 
     # -- takeover answers ---------------------------------------------------------------------------------------
@@ -219,10 +224,20 @@ class HandoverAnswers:
         its own and hand them over only once it learnt the new claim, after newer ones (chaos 8033). Held, they
         follow the claim (retargeted, in order, before anything newer)."""
         claim = self.claims.get(cid)
-        if clean_start or claim is None or not claim.persistent or claim.owner in (self.node_id, asker, ""):
+        if clean_start or claim is None or not claim.persistent:
             return
-        token = self.svc.hold(claim.owner, buffered=True)
-        self._resumes.setdefault(cid, []).append((asker, claim.owner, token, request_id))
+        # Ours by claim, its hand-over awaited: the old owner routes the session for us, so it stands for the owner
+        # (chaos 110899: what it had acknowledged and what was buffered for it reached the resume late).
+        owner = claim.owner if claim.owner != self.node_id else self._awaited(cid) or ""
+        if owner in (self.node_id, asker, ""):
+            return
+        token = self.svc.hold(owner, buffered=True)
+        self._resumes.setdefault(cid, []).append((asker, owner, token, request_id))
+        acked_by, kept = self._awaited_acked.get(cid, ("", []))
+        if acked_by == owner:  # acknowledged before our answer (passed on behind its hand-over): they go first
+            have = {message.msg_id for _owner, message in self._resume_acked.get(cid, [])}
+            earlier = [(owner, message) for message in kept if message.msg_id not in have]
+            self._resume_acked[cid] = earlier + self._resume_acked.get(cid, [])
         asyncio.get_running_loop().call_later(RESUME_HOLD_TIMEOUTS * self.c["failure_timeout"],
                                               self._end_resume_holds, cid, "", 0, token)
 
