@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.broker.handover import adopt_session
-from appliance.broker.model import Message, SessionRecord, SubscriptionOptions
+from appliance.broker.model import SessionRecord, SubscriptionOptions
 from appliance.cluster.ownership import (
     MIGRATED,
     OP_ENQUEUE_MANY,
@@ -37,7 +37,7 @@ from tests.cluster.wired_node import (
     Peer,
     client_replicated_on,
     link,
-    publish_qos2_on,
+    packet_id_cut_off_then_replica_back,
     start_node,
     stop_node,
     until,
@@ -73,18 +73,10 @@ async def test_a_snapshot_written_during_a_link_up_report_follows_the_resend_of_
         await until(lambda: not any(s.in_transit for s in wiring.svc.replica_senders.values()), "both held")
         wiring._rebalance_pending = True  # placement stays as it is (a rebalance would move p off nb meanwhile)
 
-        committed = nb.svc.replica_receivers["na"].committed_upto
-        await nb.svc.async_stop()
-        await until(lambda: "nb" not in wiring._live(), "nb down at na")
-        publish_qos2_on(na, pub, 1, Message("m1", "t/x", b"m1", 2, False, pub, 1000.0))
-        await until(lambda: any(r.client_id == sub and r.op == OP_ENQUEUE_MANY for _p, r in nc.replicated),
-                    "s's enqueue of m1 at nc (never acknowledged)")
-        await nc.svc.async_stop()
-        await until(lambda: wiring._held_down == {"nc"}, "nc down at na, a minority side: its waits held")
-
-        back.svc.restore_replication("na", committed_upto=committed)
-        await back.svc.async_start()
-        await link(wiring.svc, back.svc)
+        await packet_id_cut_off_then_replica_back(
+            na, nb, nc, back, pub,
+            lambda: any(r.client_id == sub and r.op == OP_ENQUEUE_MANY for _p, r in nc.replicated),
+            "s's enqueue of m1 at nc (never acknowledged)")
         await until(lambda: any(r.client_id == sub and r.op == OP_SNAPSHOT for _p, r in back.replicated),
                     "s rebuilt on nb")
         await until(lambda: back.ack_replicas() or wiring.svc.replica_senders["nb"].in_transit == 0,

@@ -148,3 +148,21 @@ async def stop_node(node: Node) -> None:
     """Stop the node's cluster wiring and close its store."""
     await wiring_of(node).async_stop()
     node.store.close()
+
+
+async def packet_id_cut_off_then_replica_back(na: Node, nb: Peer, nc: Peer, back: Peer, pub: str,
+                                              reached_nc: Callable[[], bool], what: str) -> None:
+    """nb, pub's replica, stops; pub's QoS2 m1 (packet id 1) is published on na, its id left in na's stream to nb;
+    once `reached_nc()` (`what`) nc stops too (na a minority side, its waits on nc held); nb comes back as `back`
+    with its replication state, and links up with na."""
+    wiring = wiring_of(na)
+    committed = nb.svc.replica_receivers["na"].committed_upto
+    await nb.svc.async_stop()
+    await until(lambda: "nb" not in wiring._live(), "nb down at na")
+    publish_qos2_on(na, pub, 1, Message("m1", "t/x", b"m1", 2, False, pub, 1000.0))
+    await until(reached_nc, what)
+    await nc.svc.async_stop()
+    await until(lambda: wiring._held_down == {"nc"}, "nc down at na, a minority side: its waits held")
+    back.svc.restore_replication("na", committed_upto=committed)
+    await back.svc.async_start()
+    await link(wiring.svc, back.svc)
