@@ -86,7 +86,8 @@ class QueueReplication:
         """The epoch our replicas' copy of a local session carries: its claim's, or just above the claim it supersedes
         while ours is not written yet (taken over here). With that claim's own epoch, the old owner's late snapshot or
         record (resent after its isolation) replaced our copy at the replica, which then ignored our enqueues (chaos
-        110009, 46 lost). Not the clock: a session restored here after its claim moved on must not beat its owner."""
+        110009, 46 lost). Not the clock, which would beat any later claim's copies; a stale session still here after its
+        claim moved on also beats the owner's copy of that claim, as the tie did before."""
         claim = self.claims.get(cid)
         if claim is None:
             return self.clock()
