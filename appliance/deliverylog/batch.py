@@ -19,7 +19,7 @@ from typing import Any
 
 from .positional import LAYOUTS, USER, fields_of, publisher_seq
 from .positional import plain as plain_positional
-from .schema import EMIT_FIELDS, FIELDS, field_problem
+from .schema import EMIT_FIELDS, FIELDS, KIND_SET, KINDS, field_problem
 
 ITEM_LEN = 4  # entries per event in a flat batch [kind, wall, mono, fields, kind, ...]
 # Kinds whose records carry all of a message's fields when the broker passes message=; others carry only msg_id.
@@ -31,6 +31,7 @@ Item = tuple[str, int, int, Any]  # kind, wall clock ns, CLOCK_MONOTONIC ns, fie
 
 
 VALUES = {kind: len(layout) for kind, layout in LAYOUTS.items()}  # values a queued positional event carries inline
+KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}  # a kind's index in the kind column's dictionary
 LANE_KINDS = ("received", "committed", "routed", "delivered", "acked")  # lanes 1..5; lane 0: keyword events
 LANE_WIDTHS = (3, *(1 + VALUES[kind] for kind in LANE_KINDS))  # entries per event in each lane
 Lanes = list[list[Any]]
@@ -387,22 +388,32 @@ def lanes_columns(pa: Any, lanes: Lanes, seq_property: str) -> tuple[Any, Any, l
         generic_kinds = [str(kind) for kind in generic[0::3]]
         cols, bad = _dict_columns(generic_kinds, generic[2::3], seq_property)
         pieces.append((counts[0], cols))
-        kinds.append(pa.array(generic_kinds, pa.string()))
+        kinds.append(pa.array([KIND_INDEX.get(kind, -1) for kind in generic_kinds], pa.int32()))
         monos.append(generic[1::3])
     for kind, lane, width, count in zip(LANE_KINDS, lanes[1:], LANE_WIDTHS[1:], counts[1:], strict=True):
         if count:
             pieces.append((count, _layout_columns(kind, [lane[j::width] for j in range(1, width)], seq_property)))
-            kinds.append(pa.repeat(pa.scalar(kind, pa.string()), count))
+            kinds.append(pa.repeat(pa.scalar(KIND_INDEX[kind], pa.int32()), count))
             monos.append(lane[0::width])
     columns, dropped = _joined_columns(pa, pieces)
     arrays = _in_schema_order(pa, columns, sum(counts))
-    kind_array = pa.concat_arrays(kinds) if kinds else pa.array([], pa.string())
+    kind_array = kind_dictionary(pa, pa.concat_arrays(kinds) if kinds else pa.array([], pa.int32()), generic)
     mono_array = pa.array(list(chain.from_iterable(monos)), pa.int64())
     if len(pieces) > 1:
         order = pa.compute.sort_indices(mono_array)  # a stable sort: equal clocks keep lane order
         kind_array, mono_array = kind_array.take(order), mono_array.take(order)
         arrays = [array if array.null_count == len(array) else array.take(order) for array in arrays]
     return kind_array, mono_array, arrays, bad + dropped
+
+
+def kind_dictionary(pa: Any, indices: Any, generic: list[Any]) -> Any:
+    """Kinds as a dictionary array over KINDS (a kind outside the schema, only ever in lane 0: its own dictionary)."""
+    if pa.compute.min(indices).as_py() != -1:
+        return pa.DictionaryArray.from_arrays(indices, pa.array(KINDS, pa.string()))
+    names = [*KINDS, *sorted({str(kind) for kind in generic[0::3]} - KIND_SET)]
+    extra = {name: i for i, name in enumerate(names)}
+    lane_zero = pa.array([extra[str(kind)] for kind in generic[0::3]], pa.int32())
+    return pa.DictionaryArray.from_arrays(pa.concat_arrays([lane_zero, indices[len(lane_zero):]]), pa.array(names))
 
 
 def _joined_columns(pa: Any, pieces: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, Any], int]:

@@ -41,11 +41,11 @@ def arrow_schema() -> Any:
 
 
 def _file_schema(schema: Any) -> Any:
-    """`schema` as the Parquet writer takes it: constant string columns as dictionaries (strings in the file)."""
+    """`schema` as the Parquet writer takes it: kind and the constant strings as dictionaries (strings in the file)."""
     import pyarrow as pa
 
     dictionary = pa.dictionary(pa.int32(), pa.string())
-    return pa.schema([field.with_type(dictionary) if field.name in _DICTIONARY_CONSTANTS else field
+    return pa.schema([field.with_type(dictionary) if field.name in (*_DICTIONARY_CONSTANTS, "kind") else field
                       for field in schema])
 
 
@@ -65,6 +65,7 @@ class ParquetSegment:
         self.tmp_path = final_path + ".tmp"
         self.schema = arrow_schema()
         self._file_schema = _file_schema(self.schema)
+        self._kind_type = self._file_schema.field("kind").type
         self._nullable = pa.struct([self.schema.field(name) for name in NULLABLE])
         self.identity = identity
         self.event_prefix = f"{identity.node}:{identity.boot_id}:"
@@ -138,6 +139,8 @@ class ParquetSegment:
                 kind_array = pa.array(kinds, pa.string())
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 kind_array = pa.array([str(k) for k in kinds], pa.string())
+        if kind_array.type != self._kind_type:
+            kind_array = kind_array.dictionary_encode()
         self._batches.append(pa.RecordBatch.from_arrays([
             ids, walls, monos,
             pa.array(synced, pa.bool_()) if isinstance(synced, list) else pa.repeat(pa.scalar(synced), n),

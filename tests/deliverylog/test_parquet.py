@@ -192,3 +192,35 @@ def test_after_warm_up_building_a_segment_imports_nothing_new(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_kinds_of_a_lanes_batch_read_back_in_emit_order_a_kind_outside_the_schema_included(tmp_path):
+    """The kind column goes to Parquet as a dictionary over the schema's kinds; lane 0 may hold a kind outside it."""
+    import marshal
+
+    from appliance.deliverylog.identity import Identity
+    from appliance.deliverylog.writer import Limits, SegmentWriter
+
+    writer = SegmentWriter(str(tmp_path / "log"), Identity("fleet-1", "dev-1", "n1", "1.2.3", BOOT),
+                           Limits(format="parquet", budget_bytes=1 << 30), lambda: True)
+    mono = time.monotonic_ns()
+    expected = []
+    for known in (True, False):
+        generic, routed, acked = [], [], []
+        for i in range(6):
+            mono += 1000
+            if i % 3 == 0:
+                kind = "peer_up" if known or i else "some_future_kind"
+                generic += [kind, mono, {"peer_node": f"n{i}"}]
+            elif i % 3 == 1:
+                kind = "routed"
+                routed += [mono, f"m{i}", "s1", "a/#", 1]
+            else:
+                kind = "acked"
+                acked += [mono, f"m{i}", "s1", 1]
+            expected.append(kind)
+        writer.write_lanes_packed(marshal.dumps((0, False, [generic, [], [], routed, [], acked]), 4))
+    writer.close()
+    (name,) = closed_segments(str(tmp_path / "log"))
+    assert pq.read_schema(tmp_path / "log" / name).field("kind").type == "string"
+    assert pq.read_table(tmp_path / "log" / name)["kind"].to_pylist() == expected
