@@ -132,6 +132,7 @@ def test_ready_only_once_port_accepts_then_watchdog_and_stopping(tmp_path: Path,
         # A frozen process sends nothing (systemd would kill it after WatchdogSec); thawed, the pings resume.
         proc.send_signal(signal.SIGSTOP)
         try:
+            notify.drain(0.3)  # a ping sent just before the stop took effect may still be queued
             frozen = notify.drain(2.0)
         finally:
             proc.send_signal(signal.SIGCONT)
