@@ -384,11 +384,16 @@ def lanes_columns(pa: Any, lanes: Lanes, seq_property: str) -> tuple[Any, Any, l
     monos: list[list[Any]] = []
     bad = 0
     generic = lanes[0]
+    names, index = KINDS, KIND_INDEX  # the kind column's dictionary
     if generic:
         generic_kinds = [str(kind) for kind in generic[0::3]]
+        outside = sorted(set(generic_kinds) - KIND_SET)  # only lane 0 can hold a kind outside the schema
+        if outside:
+            names = (*KINDS, *outside)
+            index = {name: i for i, name in enumerate(names)}
         cols, bad = _dict_columns(generic_kinds, generic[2::3], seq_property)
         pieces.append((counts[0], cols))
-        kinds.append(pa.array([KIND_INDEX.get(kind, -1) for kind in generic_kinds], pa.int32()))
+        kinds.append(pa.array([index[kind] for kind in generic_kinds], pa.int32()))
         monos.append(generic[1::3])
     for kind, lane, width, count in zip(LANE_KINDS, lanes[1:], LANE_WIDTHS[1:], counts[1:], strict=True):
         if count:
@@ -397,23 +402,14 @@ def lanes_columns(pa: Any, lanes: Lanes, seq_property: str) -> tuple[Any, Any, l
             monos.append(lane[0::width])
     columns, dropped = _joined_columns(pa, pieces)
     arrays = _in_schema_order(pa, columns, sum(counts))
-    kind_array = kind_dictionary(pa, pa.concat_arrays(kinds) if kinds else pa.array([], pa.int32()), generic)
+    kind_array = pa.DictionaryArray.from_arrays(pa.concat_arrays(kinds) if kinds else pa.array([], pa.int32()),
+                                                pa.array(names, pa.string()))
     mono_array = pa.array(list(chain.from_iterable(monos)), pa.int64())
     if len(pieces) > 1:
         order = pa.compute.sort_indices(mono_array)  # a stable sort: equal clocks keep lane order
         kind_array, mono_array = kind_array.take(order), mono_array.take(order)
         arrays = [array if array.null_count == len(array) else array.take(order) for array in arrays]
     return kind_array, mono_array, arrays, bad + dropped
-
-
-def kind_dictionary(pa: Any, indices: Any, generic: list[Any]) -> Any:
-    """Kinds as a dictionary array over KINDS (a kind outside the schema, only ever in lane 0: its own dictionary)."""
-    if pa.compute.min(indices).as_py() != -1:
-        return pa.DictionaryArray.from_arrays(indices, pa.array(KINDS, pa.string()))
-    names = [*KINDS, *sorted({str(kind) for kind in generic[0::3]} - KIND_SET)]
-    extra = {name: i for i, name in enumerate(names)}
-    lane_zero = pa.array([extra[str(kind)] for kind in generic[0::3]], pa.int32())
-    return pa.DictionaryArray.from_arrays(pa.concat_arrays([lane_zero, indices[len(lane_zero):]]), pa.array(names))
 
 
 def _joined_columns(pa: Any, pieces: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, Any], int]:
