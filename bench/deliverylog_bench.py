@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any
 
-from appliance.broker.ports import NullEventSink
+from appliance.broker.ports import NullEventSink, event_clock
 from appliance.deliverylog import DeliveryLog
 from appliance.deliverylog.identity import Identity
 from appliance.deliverylog.writer import Limits, SegmentWriter
@@ -51,13 +51,16 @@ def _message_events(sink, i: int, pub_pid: int) -> None:
 
 
 def _broker_events(sink, messages: list) -> None:
-    """What our broker emits for QoS1 messages from one publisher to one online persistent subscriber."""
+    """What our broker emits for QoS1 messages from one publisher to one online persistent subscriber (its calls)."""
+    clock = event_clock
+    routed, delivered = sink.record_routed, sink.record_delivered
+    committed, acked = sink.record_committed, sink.record_acked
     for i, m in enumerate(messages):
         sink.received(m, i % 65535 + 1)
-        sink.routed(m, "historian", "plant/+/+/temp", 1)
-        sink.delivered(m, "historian", 1, False, 1)
-        sink.committed(m)
-        sink.acked(m, "historian", 1)
+        routed((clock(), m.msg_id, "historian", "plant/+/+/temp", 1))
+        delivered((clock(), m.msg_id, "historian", 1, False, 1))
+        committed((clock(), m.msg_id))
+        acked((clock(), m.msg_id, "historian", 1))
 
 
 def side_cost(n: int, process: bool, fmt: str) -> tuple[float, float, float]:

@@ -391,7 +391,8 @@ class Broker:
             return
         events = self.events
         if events is not None:
-            events.received(message, pid)
+            events.record_received((event_clock(), message.msg_id, record.client_id, topic, qos, packet.retain,
+                                    len(packet.payload), props.user_properties or None, pid))
         qos2_saved = False
         if qos == 2:  # the id first: a cluster node's replica learns it before any node can act on the message
             session.incoming_qos2[pid] = None  # type: ignore[index]
@@ -419,9 +420,9 @@ class Broker:
             self._ack(session, link, ack, persisted)
 
     def _committed(self, message: Message, session: Session, link: ClientLink, ack: Ack) -> None:
-        if self.events is not None:
-            self.events.record_committed((event_clock(), message.msg_id))
-        self._send_ack(session, link, ack)
+        self.events.record_committed((event_clock(), message.msg_id))  # type: ignore[union-attr]  # set: see caller
+        session.pending_acks -= 1  # _send_ack, inline: this runs once per message
+        link.send(ack)
 
     def _on_puback(self, session: Session, link: ClientLink, packet: Puback | Pubcomp) -> None:
         delivery = session.complete(packet.packet_id)

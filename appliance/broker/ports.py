@@ -65,11 +65,13 @@ event_clock = time.monotonic_ns  # the clock of every event: CLOCK_MONOTONIC in 
 class EventSink(Protocol):
     """Where the broker reports each message's life (received, committed, routed, delivered, acked, dropped...).
 
-    `received` (a message's first event, every message field) is a method; the four events of each delivery are
-    `record_<kind>` callables taking one tuple (event_clock(), msg_id, *values) in the order below, so the hot path
-    pays one C call and no Python frame per event. `emit` takes any kind with the schema's fields as keywords.
+    The five events of a message's hot path are `record_<kind>` callables taking one tuple (event_clock(), msg_id,
+    *values) in the order below, so the hot path pays one C call and no Python frame per event. `received` is the
+    same first event from a Message. `emit` takes any kind with the schema's fields as keywords.
     """
 
+    # (clock, msg_id, publisher, topic, qos, retain, payload size, user properties or None, publisher packet id)
+    record_received: Callable[[tuple[int, str, str, str, int, bool, int, Any, int | None]], None]
     record_committed: Callable[[tuple[int, str]], None]  # (clock, msg_id): the message is on disk here
     record_routed: Callable[[tuple[int, str, str, str, int]], None]  # (clock, msg_id, subscriber, filter, qos)
     record_delivered: Callable[[tuple[int, str, str, int, bool, int]], None]  # (.., subscriber, qos, dup, attempt)
@@ -87,7 +89,7 @@ def _discard(values: tuple[Any, ...]) -> None:
 class NullEventSink:
     """An EventSink that records nothing (delivery logging off)."""
 
-    record_committed = record_routed = record_delivered = record_acked = staticmethod(_discard)
+    record_received = record_committed = record_routed = record_delivered = record_acked = staticmethod(_discard)
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Discard the event."""

@@ -34,6 +34,16 @@ def _clock_offset() -> int:
     return offset
 
 
+def _user_properties_problem(value: Any) -> str | None:
+    """Why `value` is not a received event's user properties (None, or (name, value) string pairs), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(p, tuple) and len(p) == 2 and all(type(x) is str for x in p) for p in value):
+        return f"user properties must be None or (name, value) string pairs, got {value!r}"
+    return None
+
+
 def _message_tuple(msg: Any) -> tuple[Any, ...]:
     """A Message's schema values (msg_id, publisher, topic, qos, retain, payload size, user properties)."""
     props = getattr(msg, "properties", None)
@@ -52,7 +62,8 @@ class DeliveryLog:
     JSON Lines (`format="jsonl.gz"`, the open one the same gzip stream, at `gzip_level`, default 6).
     """
 
-    record_committed: Callable[[tuple[Any, ...]], None]  # the EventSink's per-delivery events: its lanes' extends
+    record_received: Callable[[tuple[Any, ...]], None]  # the EventSink's hot events: its lanes' extends
+    record_committed: Callable[[tuple[Any, ...]], None]
     record_routed: Callable[[tuple[Any, ...]], None]
     record_delivered: Callable[[tuple[Any, ...]], None]
     record_acked: Callable[[tuple[Any, ...]], None]
@@ -115,7 +126,7 @@ class DeliveryLog:
         if strict:
             self.emit = self._emit_strict  # type: ignore[method-assign]
             self.received = self._checked("received", self.received)  # type: ignore[method-assign]
-            for kind in LANE_KINDS[1:]:
+            for kind in LANE_KINDS:
                 name = f"record_{kind}"
                 setattr(self, name, self._checked_record(kind, getattr(self, name)))
         self._offset_before = _clock_offset()  # read before the first slice: brackets every queued event's instant
@@ -141,7 +152,7 @@ class DeliveryLog:
     def received(self, message: Any, publisher_packet_id: int | None) -> None:
         """A message accepted from a publisher (its first event: every message field)."""
         props = message.properties
-        self._received((_mono_ns(), message.msg_id, message.publisher, message.topic, message.qos, message.retain,
+        self.record_received((_mono_ns(), message.msg_id, message.publisher, message.topic, message.qos, message.retain,
                         len(message.payload), props.user_properties or None if props is not None else None,
                         publisher_packet_id))
 
@@ -164,13 +175,14 @@ class DeliveryLog:
     def _queue_to_lanes(self) -> None:
         """Point every emitter at its lane's extend (the record_* callables are those extends themselves)."""
         extends = [lane.extend for lane in self._lanes]
-        self._extend, self._received = extends[0], extends[1]
-        self.record_committed, self.record_routed, self.record_delivered, self.record_acked = extends[2:]
+        self._extend = extends[0]
+        (self.record_received, self.record_committed, self.record_routed, self.record_delivered,
+         self.record_acked) = extends[1:]
 
     def _stop_queueing(self) -> None:
         """Point every emitter at _discard (after close() or a writer failure)."""
-        self._extend = self._received = self._discard
-        self.record_committed = self.record_routed = self.record_delivered = self.record_acked = self._discard
+        self._extend = self.record_received = self.record_committed = self._discard
+        self.record_routed = self.record_delivered = self.record_acked = self._discard
 
     @staticmethod
     def _checked(kind: str, method: Callable[..., None]) -> Callable[..., None]:
@@ -197,7 +209,7 @@ class DeliveryLog:
             if type(values) is not tuple or len(values) != 1 + len(names) or type(values[0]) is not int:
                 raise ValueError(f"record_{kind}: expects (clock ns, {', '.join(names)}), got {values!r}")
             for name, value in zip(names, values[1:], strict=True):
-                problem = field_problem(name, value)
+                problem = field_problem(name, value) if name else _user_properties_problem(value)
                 if problem:
                     raise ValueError(f"record_{kind}: {problem}")
             record(values)
