@@ -57,11 +57,12 @@ class _Node:
                     raise RuntimeError(f"broker ({self.fmt or 'logging off'}) did not start") from None
                 time.sleep(0.05)
 
-    def load(self, duration: float) -> dict[str, float]:
-        """One QoS1 pipelined load of `duration` s: delivered rate, delivered count, broker and tree CPU s."""
+    def load(self, duration: float, window: int = 64) -> dict[str, float]:
+        """One QoS1 pipelined load of `duration` s (`window` unacked per publisher): rate, count, CPU s and more."""
         cpu0, threads0 = _cpu_seconds(self.proc.pid), _thread_cpu(self.proc.pid)
         out = subprocess.run(pinned(LOADGEN_CPU, [sys.executable, "-m", "bench.loadgen", "qos1", "--max-messages",
-                                                  "2000000", "--port", str(self.port), "--duration", str(duration)]),
+                                                  "2000000", "--port", str(self.port), "--duration", str(duration),
+                                                  "--window", str(window)]),
                              capture_output=True, text=True, timeout=300, check=True).stdout
         cpu1, threads1 = _cpu_seconds(self.proc.pid), _thread_cpu(self.proc.pid)
         result = json.loads(out.strip().splitlines()[-1])
@@ -94,7 +95,7 @@ def median_interval(values: list[float], resamples: int = 2000, seed: int = 5) -
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def run(pairs: int, duration: float, fmt: str) -> dict[str, Any]:
+def run(pairs: int, duration: float, fmt: str, window: int = 64) -> dict[str, Any]:
     """Load the off and on nodes in `pairs` alternating pairs; the figures as a dict (printed as it goes)."""
     root = tempfile.mkdtemp(prefix="dlog-paired-")
     nodes = {"off": _Node(root, None), "on": _Node(root, fmt)}
@@ -110,7 +111,7 @@ def run(pairs: int, duration: float, fmt: str) -> dict[str, Any]:
         for i in range(pairs):
             row = {}
             for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                row[name] = nodes[name].load(duration)
+                row[name] = nodes[name].load(duration, window)
             rows.append(row)
             print(f"  pair {i + 1}: ratio {row['on']['rate'] / row['off']['rate']:.3f}; "
                   + "; ".join(f"{side} {r['rate']:.0f} msg/s, CPU us/msg " + ", ".join(
@@ -130,7 +131,7 @@ def run(pairs: int, duration: float, fmt: str) -> dict[str, Any]:
 
     cpu = {side: (med(side, "cpu_broker", True) * 1e6, med(side, "cpu_tree", True) * 1e6) for side in nodes}
     return {
-        "pairs": pairs, "duration_s": duration, "format": fmt,
+        "pairs": pairs, "duration_s": duration, "format": fmt, "window": window,
         "rate_off_median": med("off", "rate"), "rate_on_median": med("on", "rate"),
         "pair_ratio_median": statistics.median(ratios), "pair_ratio_ci95": [low, high],
         "pair_ratio_mean": statistics.fmean(ratios), "pairs_at_or_above_target": sum(x >= TARGET for x in ratios),
@@ -147,15 +148,17 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=30)
     ap.add_argument("--duration", type=float, default=3.0, help="seconds of load per half-pair")
     ap.add_argument("--format", choices=["parquet", "jsonl.gz"], default="parquet")
+    ap.add_argument("--window", type=int, default=64, help="unacked QoS1 PUBLISHes per publisher (10 publishers)")
     ap.add_argument("--json", default="", metavar="FILE", help="also write the figures here")
     args = ap.parse_args()
-    if args.pairs < 1 or args.duration <= 0:
-        ap.error("--pairs must be at least 1 and --duration positive")
-    res = run(args.pairs, args.duration, args.format)
+    if args.pairs < 1 or args.duration <= 0 or args.window < 1:
+        ap.error("--pairs and --window must be at least 1 and --duration positive")
+    res = run(args.pairs, args.duration, args.format, args.window)
     low, high = res["pair_ratio_ci95"]
     cpu = res["cpu_us_per_msg"]
-    print(f"[{res['pairs']} pairs of {res['duration_s']:g} s, {res['format']}, writer child on the load generator's "
-          f"core] median pair ratio {res['pair_ratio_median']:.3f} (95 % interval {low:.3f}-{high:.3f}; mean "
+    print(f"[{res['pairs']} pairs of {res['duration_s']:g} s, window {res['window']}, {res['format']}, writer child "
+          f"on the load generator's core] median pair ratio {res['pair_ratio_median']:.3f} "
+          f"(95 % interval {low:.3f}-{high:.3f}; mean "
           f"{res['pair_ratio_mean']:.3f}; {res['pairs_at_or_above_target']} of {res['pairs']} pairs >= {TARGET}); "
           f"median rates off {res['rate_off_median']:.0f}, on {res['rate_on_median']:.0f} msg/s; CPU us/message: "
           f"broker off {cpu['off_broker']:.1f}, on {cpu['on_broker']:.1f}, on with its writer child "

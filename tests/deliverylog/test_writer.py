@@ -152,6 +152,75 @@ def test_disk_budget_evicts_oldest_and_records_exactly_what_was_lost(make_log, t
     assert sum(sizes) <= budget + max(sizes)
 
 
+def test_a_lane_taken_packed_loses_and_repeats_no_event_while_an_emitter_keeps_appending():
+    """take_packed deletes exactly what it marshalled: the drain no longer copies a lane before taking it."""
+    import marshal
+    import sys
+    import threading
+
+    from appliance.deliverylog.batch import packed_count, take_packed
+
+    lane: list = []
+    total = 300_000  # bounded: the emitter stops after this many events
+    done = threading.Event()
+
+    def emit() -> None:
+        extend = lane.extend
+        for i in range(total):
+            extend((i, "m", i * 2))  # one whole event per C call, as the broker's record_* calls are
+        done.set()
+
+    emitter = threading.Thread(target=emit)
+    taken, takes = [], 0
+    deadline = time.monotonic() + 60
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the GIL changes hands as often as it can: between any two calls of the drainer
+    try:
+        emitter.start()
+        while not (done.is_set() and not lane) and time.monotonic() < deadline:
+            blob = take_packed(lane, 3)
+            entries = marshal.loads(blob)
+            assert len(entries) == packed_count(blob)
+            taken += entries
+            takes += 1
+        emitter.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert takes > 1 and not lane
+    assert taken[0::3] == list(range(total)) and taken[2::3] == [i * 2 for i in range(total)]
+
+
+def test_a_lane_with_a_value_marshal_cannot_carry_is_taken_plain():
+    import marshal
+    from enum import Enum
+
+    from appliance.deliverylog.batch import LANE_WIDTHS, pack_split, take_packed, unpack_split
+
+    class Reason(Enum):
+        QUEUE_FULL = 1
+
+    lanes = [["dropped", 7, {"msg_id": "m1", "reason": Reason.QUEUE_FULL}], [], [5, "m1"], [], [], []]
+    blobs = [take_packed(lane, i) for i, lane in enumerate(lanes)]
+    assert lanes == [[] for _ in LANE_WIDTHS]
+    assert marshal.loads(blobs[0]) == ["dropped", 7, {"msg_id": "m1", "reason": "queue_full"}]
+    assert unpack_split(pack_split(blobs, 100, True)) == (100, True, [
+        ["dropped", 7, {"msg_id": "m1", "reason": "queue_full"}], [], [5, "m1"], [], [], []])
+
+
+@pytest.mark.parametrize("damage", ["short", "sizes", "lane", "width"])
+def test_a_split_lanes_batch_that_does_not_parse_fails_loudly(damage):
+    import marshal
+
+    from appliance.deliverylog.batch import pack_split, take_packed, unpack_split
+
+    lanes = [[], [], [2, "m1"], [6, "m1", "s", "f/#", 1], [], []]
+    packed = pack_split([take_packed(lane, i) for i, lane in enumerate(lanes)], 0, False)
+    bad = {"short": packed[:10], "sizes": packed + b"x", "lane": packed[:-3] + b"\xff\xff\xff",
+           "width": pack_split([marshal.dumps(x, 4) for x in ([], [], [2], [], [], [])], 0, False)}[damage]
+    with pytest.raises(ValueError):
+        unpack_split(bad)
+
+
 def test_backlog_overflow_is_recorded(make_log, tmp_path):
     log = make_log(max_backlog=10, flush_interval_s=30.0)
     for i in range(100):
