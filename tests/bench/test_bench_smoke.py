@@ -38,3 +38,27 @@ def test_quick_run_against_mosquitto_prints_every_row_and_writes_json(tmp_path: 
         assert [r["broker"] for r in data["raw"]] == ["mosquitto"]
         assert "error" not in data["raw"][0], data["raw"][0]
     assert "error" not in res.stderr.lower(), res.stderr
+
+
+def test_the_paired_delivery_log_benchmark_loads_both_nodes_in_turn_and_reports_the_log(tmp_path: Path) -> None:
+    """bench.deliverylog_paired: every pair has both halves, the on node wrote Parquet, the summary is consistent."""
+    out = tmp_path / "paired.json"
+    res = subprocess.run([sys.executable, "-m", "bench.deliverylog_paired", "--pairs", "2", "--duration", "0.5",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    figures = json.loads(out.read_text())
+    assert len(figures["ratios"]) == len(figures["rows"]) == 2
+    for row in figures["rows"]:
+        for side in ("off", "on"):
+            assert row[side]["delivered"] > 0 and row[side]["rate"] > 0
+        assert "thread deliverylog-writer" in row["on"] and "thread deliverylog-writer" not in row["off"]
+    low, high = figures["pair_ratio_ci95"]
+    assert min(figures["ratios"]) <= low <= figures["pair_ratio_median"] <= high <= max(figures["ratios"])
+    assert 0 < figures["log_bytes_per_delivered_message"] < 200
+    assert "median pair ratio" in res.stdout
+
+
+def test_a_paired_benchmark_with_no_pairs_is_refused() -> None:
+    res = subprocess.run([sys.executable, "-m", "bench.deliverylog_paired", "--pairs", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "--pairs" in res.stderr
