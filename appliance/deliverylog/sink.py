@@ -153,9 +153,9 @@ class DeliveryLog:
     def received(self, message: Any, publisher_packet_id: int | None) -> None:
         """A message accepted from a publisher (its first event: every message field)."""
         props = message.properties
-        self.record_received((_mono_ns(), message.msg_id, message.publisher, message.topic, message.qos, message.retain,
-                        len(message.payload), props.user_properties or None if props is not None else None,
-                        publisher_packet_id))
+        self.record_received((_mono_ns(), message.msg_id, message.publisher, message.topic, message.qos,
+                              message.retain, len(message.payload),
+                              props.user_properties or None if props is not None else None, publisher_packet_id))
 
     def committed(self, message: Any) -> None:
         """The message is on disk here (the broker calls record_committed)."""
@@ -263,8 +263,8 @@ class DeliveryLog:
     def _drain_packed(self) -> tuple[list[bytes], int, bool]:
         """_drain for the writer child: each lane marshalled in place (batch.take_packed), no copy of it taken first.
 
-        The copy and its deletion walked every queued object twice more, cold by then: the larger part of what
-        logging cost the broker's core. Beyond `max_backlog` events the oldest are dropped and recorded, as in _drain.
+        The copy and its deletion walked every queued object twice more (measured: no gain visible on the broker's
+        core, see bench/RESULTS.md session 10). Beyond `max_backlog` events the oldest are dropped and recorded.
         """
         before = _clock_offset()
         blobs = [take_packed(lane, i) for i, lane in enumerate(self._lanes)]
