@@ -11,7 +11,6 @@ offset. A *flat* batch [kind, wall, mono, fields, ...] (lanes_flat) is the per-e
 from __future__ import annotations
 
 import marshal
-import struct
 from bisect import bisect_left, bisect_right
 from enum import Enum
 from itertools import chain
@@ -198,61 +197,6 @@ def pack_lanes(lanes: Lanes, offset: int, stepped: bool) -> bytes:
         return marshal.dumps((offset, stepped, lanes), 4)
     except ValueError:  # an enum or another non-builtin value somewhere
         return marshal.dumps((offset, stepped, plain_lanes(lanes)), 4)
-
-
-_SPLIT = struct.Struct(f"<qB{len(LANE_WIDTHS)}I")  # clock offset, stepped, each lane's marshal length
-_LIST = ord("[")  # marshal's type code of a list (bit 0x80 set when it is also a reference target)
-
-
-def take_packed(lane: list[Any], index: int) -> bytes:
-    """Lane `index` marshalled, and exactly the entries marshalled deleted from its front, without copying it.
-
-    Emitters extend a lane by whole events, at the end, under the GIL: the one marshal call sees the lane at one
-    instant, its list header says how many entries that was, and those are the ones deleted. A lane holding a value
-    marshal cannot carry (an enum, ...) takes the slow path: copied, made plain, then marshalled.
-    """
-    try:
-        blob = marshal.dumps(lane, 4)
-    except ValueError:
-        n = len(lane)
-        taken = lane[:n]
-        del lane[:n]
-        lanes: Lanes = [[] for _ in LANE_WIDTHS]
-        lanes[index] = taken
-        return marshal.dumps(plain_lanes(lanes)[index], 4)
-    if blob[0] & 0x7F != _LIST:
-        raise ValueError("a lane did not marshal as a list")
-    del lane[: int.from_bytes(blob[1:5], "little")]
-    return blob
-
-
-def packed_count(blob: bytes) -> int:
-    """Entries in a lane marshalled by take_packed (its list header)."""
-    return int.from_bytes(blob[1:5], "little")
-
-
-def pack_split(blobs: list[bytes], offset: int, stepped: bool) -> bytes:
-    """A lanes batch as its lanes' marshal bytes (take_packed) behind one header (the pipe's and journal's SPLIT)."""
-    return _SPLIT.pack(offset, stepped, *map(len, blobs)) + b"".join(blobs)
-
-
-def unpack_split(packed: bytes) -> tuple[int, bool, Lanes]:
-    """(clock offset, stepped, lanes batch) of a pack_split form; ValueError when it does not parse."""
-    if len(packed) < _SPLIT.size:
-        raise ValueError("a split lanes batch shorter than its header")
-    offset, stepped, *sizes = _SPLIT.unpack_from(packed)
-    if _SPLIT.size + sum(sizes) != len(packed):
-        raise ValueError("a split lanes batch whose lane sizes do not add up")
-    lanes: Lanes = []
-    view, pos = memoryview(packed), _SPLIT.size
-    try:
-        for size in sizes:
-            lanes.append(marshal.loads(view[pos : pos + size]))
-            pos += size
-    except (EOFError, TypeError) as exc:
-        raise ValueError(f"a split lanes batch's lane does not unmarshal: {exc}") from None
-    lane_counts(lanes)
-    return offset, bool(stepped), lanes
 
 
 # -- one keyword event's fields -------------------------------------------------------------------------------------

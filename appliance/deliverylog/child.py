@@ -70,8 +70,6 @@ def main() -> int:
                 writer.write_packed(frame[1])
             elif frame[0] == b"W":
                 writer.write_lanes_packed(frame[1])
-            elif frame[0] == b"V":
-                writer.write_lanes_split(frame[1])
         writer.close()
         return 0
 
@@ -99,9 +97,7 @@ def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
             writer.close()
             return 0
         kind, payload = frame
-        if kind == b"V":
-            writer.write_lanes_split(payload)
-        elif kind == b"W":
+        if kind == b"W":
             writer.write_lanes_packed(payload)
         elif kind == b"B":
             writer.write_packed(payload)

@@ -3,10 +3,10 @@
 File: MAGIC, then frames `<u32 body length><u32 crc32 of body><body>`. The first body is the JSON header (the
 writer's identity and the segment's first event counter); every later body is `<i64 first counter><u8 flags>
 <u32 raw length>` followed by a flat batch [kind, wall ns, mono ns, fields, ...] (with flag LANES: a tuple (clock
-offset, stepped, lanes batch), batch.lanes_flat; flag SPLIT: the same laid out as batch.pack_split does; flag
-VARLEN, written by earlier versions: (clock offset, stepped, queued batch), batch.fixed_flat) marshalled and, when
-flag LZ4 is set, LZ4-compressed. A frame is good when it is whole, its checksum matches and its counter follows the
-previous frame's events; reading stops at the first frame that is not.
+offset, stepped, lanes batch), batch.lanes_flat; flag VARLEN, written by earlier versions: (clock offset, stepped,
+queued batch), batch.fixed_flat) marshalled and, when flag LZ4 is set, LZ4-compressed. A frame is
+good when it is whole, its checksum matches and its counter follows the previous frame's events; reading stops at the
+first frame that is not.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .batch import fixed_flat, lanes_flat, unpack_split
+from .batch import fixed_flat, lanes_flat
 
 MAGIC = b"DLJ1\n"
 _FRAME = struct.Struct("<II")
@@ -28,7 +28,6 @@ SYNCED = 1  # flag: the clock was synchronised across the span the batch was emi
 LZ4 = 2  # flag: the marshal bytes are LZ4-compressed
 VARLEN = 4  # flag: the batch is (clock offset, stepped, queued batch) (batch.fixed_flat; earlier versions' drain)
 LANES = 8  # flag: the batch is (clock offset, stepped, lanes batch) as DeliveryLog drains it (batch.lanes_flat)
-SPLIT = 16  # flag: the batch is a lanes batch in batch.pack_split form (the writer child's), not one marshal
 MAX_BODY = 1 << 30
 
 
@@ -122,9 +121,6 @@ def _decode_batch(body: bytes) -> tuple[int, bool, list[Any]] | None:
             if codec is None:
                 return None
             data = codec.decompress(data, decompressed_size=raw_len, asbytes=True)
-        if flags & SPLIT:
-            offset, _, lanes = unpack_split(data)
-            return first, bool(flags & SYNCED), lanes_flat(lanes, offset)
         flat = marshal.loads(data)
         if flags & LANES:
             offset, _, lanes = flat

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import marshal
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .batch import LANE_KINDS, LANE_WIDTHS, Lanes, keep_newest, lane_counts, packed_count, take_packed
+from .batch import LANE_KINDS, Lanes, keep_newest, lane_counts
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .positional import LAYOUTS
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
@@ -260,30 +259,6 @@ class DeliveryLog:
             self._writer.record_loss("backlog", lost)
         return lanes, offset, stepped
 
-    def _drain_packed(self) -> tuple[list[bytes], int, bool]:
-        """_drain for the writer child: each lane marshalled in place (batch.take_packed), no copy of it taken first.
-
-        The copy and its deletion walked every queued object twice more (measured: no gain visible on the broker's
-        core, see bench/RESULTS.md session 10). Beyond `max_backlog` events the oldest are dropped and recorded.
-        """
-        before = _clock_offset()
-        blobs = [take_packed(lane, i) for i, lane in enumerate(self._lanes)]
-        offset = _clock_offset()
-        stepped = abs(offset - self._offset_before) > STEP_NS
-        self._offset_before = before
-        if sum(packed_count(blob) // width for blob, width in zip(blobs, LANE_WIDTHS, strict=True)) > self._max_backlog:
-            lanes, lost = keep_newest([marshal.loads(blob) for blob in blobs], self._max_backlog)
-            self._writer.record_loss("backlog", lost)
-            blobs = [marshal.dumps(lane, 4) for lane in lanes]
-        return blobs, offset, stepped
-
-    def _write_queued(self, writer: SegmentWriter | WriterProcess) -> None:
-        """Hand every queued event to the writer."""
-        if isinstance(writer, WriterProcess):
-            writer.write_lanes_split(*self._drain_packed())
-        else:
-            writer.write_lanes(*self._drain())
-
     def _run(self) -> None:
         """Write batches until closed; on a writer failure keep the error for flush/close and stop queueing."""
         writer = self._writer
@@ -295,12 +270,12 @@ class DeliveryLog:
                     target = self._requested
                     closing = self._closing
                     rotate, self._rotate_wanted = self._rotate_wanted, False
-                self._write_queued(writer)
+                writer.write_lanes(*self._drain())
                 writer.tick()
                 if rotate:
                     writer.rotate()
                 if closing:
-                    self._write_queued(writer)
+                    writer.write_lanes(*self._drain())
                     writer.close()
                 elif target > self._completed:
                     writer.sync()

@@ -20,7 +20,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, pack_lanes, pack_split, unpack_split
+from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, pack_lanes
 from .identity import Identity
 from .writer import DeliveryLogError, Limits, WriterStats
 
@@ -127,8 +127,6 @@ class WriterProcess:
                 self.record_loss("writer_restart", len(marshal.loads(payload)) // ITEM_LEN)
             elif kind == b"W":
                 self.record_loss("writer_restart", sum(lane_counts(marshal.loads(payload)[2])))
-            elif kind == b"V":
-                self.record_loss("writer_restart", sum(lane_counts(unpack_split(payload)[2])))
 
     def write(self, items: list[Item]) -> None:
         """Hand a batch to the child."""
@@ -143,11 +141,6 @@ class WriterProcess:
         """Hand a lanes batch (DeliveryLog's drain) and its clock offset to the child: one marshal, one pipe write."""
         if any(lanes):
             self._call(b"W", pack_lanes(lanes, offset, stepped))
-
-    def write_lanes_split(self, blobs: list[bytes], offset: int, stepped: bool) -> None:
-        """Hand a lanes batch as its lanes' marshal bytes (DeliveryLog._drain_packed) to the child: one pipe write."""
-        if any(len(blob) > 5 for blob in blobs):  # 5 bytes: an empty list
-            self._call(b"V", pack_split(blobs, offset, stepped))
 
     def record_loss(self, reason: str, events: int) -> None:
         """Have the child record a log_evicted for events lost before reaching it."""

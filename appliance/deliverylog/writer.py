@@ -34,11 +34,10 @@ from .batch import (
     message_tuple,
     pack,
     pack_lanes,
-    unpack_split,
 )
 from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
-from .journal import LANES, SPLIT, batch_frame, header
+from .journal import LANES, batch_frame, header
 from .schema import KINDS, SCHEMA_VERSION
 from .segments import (
     FORMATS,
@@ -302,14 +301,6 @@ class SegmentWriter:
         else:
             self.write(items_of(lanes_flat(lanes, offset)), stepped)
 
-    def write_lanes_split(self, packed: bytes) -> None:
-        """write() for a lanes batch in batch.pack_split form (in Parquet format journaled as it is, SPLIT)."""
-        offset, stepped, lanes = unpack_split(packed)
-        if self._binary:
-            self._write_batch(lanes, packed, stepped=stepped, offset=offset, layout=SPLIT)
-        else:
-            self.write(items_of(lanes_flat(lanes, offset)), stepped)
-
     def record_loss(self, reason: str, events: int) -> None:
         """Queue a log_evicted record for `events` events lost before reaching the writer."""
         self.stats.lost_events += events
@@ -317,26 +308,25 @@ class SegmentWriter:
         self._pending.append(("log_evicted", time.time_ns(), time.monotonic_ns(), fields))
 
     def _write_batch(self, batch: list[Any], packed: bytes | None, stepped: bool = False,
-                     offset: int | None = None, layout: int = LANES) -> None:
+                     offset: int | None = None) -> None:
         """Parquet format: journal pending loss records and then `batch` as binary frames, buffering their columns.
 
         `batch` is a flat batch and `packed` None or its marshal; or, with an `offset`, a lanes batch and `packed`
-        the (offset, stepped, lanes) it came as, marshalled (`layout` LANES) or in pack_split form (SPLIT).
+        the (offset, stepped, lanes) it came as.
         """
         synced, synced_now = self._synced()
         if self._pending:
             pending, self._pending = self._pending, []
             self._write_frame([entry for item in pending for entry in item], None, synced_now)
         if batch:
-            self._write_frame(batch, packed, synced and not stepped, offset, layout)
+            self._write_frame(batch, packed, synced and not stepped, offset)
 
-    def _write_frame(self, batch: list[Any], packed: bytes | None, synced: bool, offset: int | None = None,
-                     lanes_layout: int = LANES) -> None:
+    def _write_frame(self, batch: list[Any], packed: bytes | None, synced: bool, offset: int | None = None) -> None:
         """Append one batch to the binary journal (one frame) and to the segment's Parquet columns."""
         unbuilt: list[Any] | _Lanes
         if offset is not None:
             assert packed is not None
-            n, layout, unbuilt = sum(lane_counts(batch)), lanes_layout, _Lanes(batch, offset)
+            n, layout, unbuilt = sum(lane_counts(batch)), LANES, _Lanes(batch, offset)
         else:
             if packed is None:
                 try:

@@ -8,7 +8,6 @@ import time
 import pytest
 
 from appliance.deliverylog import read_segment, read_segments
-from appliance.deliverylog.batch import pack_split, take_packed
 from appliance.deliverylog.identity import Identity
 from appliance.deliverylog.journal import MAGIC, VARLEN, batch_frame, header, read_journal
 from appliance.deliverylog.segments import PART, closed_segments
@@ -25,7 +24,7 @@ def _writer(directory, fmt="parquet"):
 
 
 def _journal(tmp_path, frames=4):
-    """A writer left open after `frames` batches (odd ones lanes batches, LANES or, every fourth, SPLIT).
+    """A writer left open after `frames` batches (odd ones lanes batches as DeliveryLog drains them, flagged LANES).
 
     Returns (part path, byte offset after each frame, msg ids, writer).
     """
@@ -47,11 +46,7 @@ def _journal(tmp_path, frames=4):
         received += [mono, *values]
         flat += ["received", now, mono, values]
         ids.append(f"r{f}")
-        if lanes and f % 4 == 3:  # as the writer child gets them: each lane marshalled on its own (SPLIT)
-            batch = [[], received, [], routed, [], []]
-            writer.write_lanes_split(pack_split([take_packed(lane, i) for i, lane in enumerate(batch)], now - mono,
-                                                False))
-        elif lanes:  # the lanes hold the kinds apart; emit order comes back from the clock
+        if lanes:  # the lanes hold the kinds apart; emit order comes back from the clock
             writer.write_lanes_packed(marshal.dumps((now - mono, False, [[], received, [], routed, [], []]), 4))
         else:
             writer.write_flat(flat)
