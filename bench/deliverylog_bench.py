@@ -55,8 +55,10 @@ def _broker_events(sink, messages: list) -> None:
     clock = event_clock
     routed, delivered = sink.record_routed, sink.record_delivered
     committed, acked = sink.record_committed, sink.record_acked
+    received = sink.record_received
     for i, m in enumerate(messages):
-        sink.received(m, i % 65535 + 1)
+        received((clock(), m.msg_id, m.publisher, m.topic, m.qos, m.retain, len(m.payload),
+                  m.properties.user_properties or None, i % 65535 + 1))
         routed((clock(), m.msg_id, "historian", "plant/+/+/temp", 1))
         delivered((clock(), m.msg_id, "historian", 1, False, 1))
         committed((clock(), m.msg_id))

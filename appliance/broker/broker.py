@@ -420,9 +420,9 @@ class Broker:
             self._ack(session, link, ack, persisted)
 
     def _committed(self, message: Message, session: Session, link: ClientLink, ack: Ack) -> None:
-        self.events.record_committed((event_clock(), message.msg_id))  # type: ignore[union-attr]  # set: see caller
-        session.pending_acks -= 1  # _send_ack, inline: this runs once per message
-        link.send(ack)
+        if self.events is not None:
+            self.events.record_committed((event_clock(), message.msg_id))
+        self._send_ack(session, link, ack)
 
     def _on_puback(self, session: Session, link: ClientLink, packet: Puback | Pubcomp) -> None:
         delivery = session.complete(packet.packet_id)

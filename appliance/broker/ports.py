@@ -66,8 +66,8 @@ class EventSink(Protocol):
     """Where the broker reports each message's life (received, committed, routed, delivered, acked, dropped...).
 
     The five events of a message's hot path are `record_<kind>` callables taking one tuple (event_clock(), msg_id,
-    *values) in the order below, so the hot path pays one C call and no Python frame per event. `received` is the
-    same first event from a Message. `emit` takes any kind with the schema's fields as keywords.
+    *values) in the order below, so the hot path pays one C call and no Python frame per event. `emit` takes any
+    kind with the schema's fields as keywords.
     """
 
     # (clock, msg_id, publisher, topic, qos, retain, payload size, user properties or None, publisher packet id)
@@ -78,8 +78,6 @@ class EventSink(Protocol):
     record_acked: Callable[[tuple[int, str, str, int]], None]  # (clock, msg_id, subscriber, qos): PUBACK / PUBCOMP
 
     def emit(self, kind: str, **fields: Any) -> None: ...
-
-    def received(self, message: Message, publisher_packet_id: int | None) -> None: ...
 
 
 def _discard(values: tuple[Any, ...]) -> None:
@@ -92,9 +90,6 @@ class NullEventSink:
     record_received = record_committed = record_routed = record_delivered = record_acked = staticmethod(_discard)
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Discard the event."""
-
-    def received(self, message: Message, publisher_packet_id: int | None) -> None:
         """Discard the event."""
 
 

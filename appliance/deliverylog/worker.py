@@ -2,8 +2,7 @@
 
 Frames on the pipes are `<type byte><u32 length><payload>`. Parent -> child: S(etup JSON),
 B(atch: marshal of a flat [kind, wall, mono, fields, ...] list), W (marshal of (clock offset, stepped, lanes batch)),
-V (a lanes batch as batch.pack_split lays out its lanes' marshal bytes: DeliveryLog's drain), L(oss JSON), F(lush),
-R(otate), C(lose).
+L(oss JSON), F(lush), R(otate), C(lose).
 Child -> parent: A(ck, stats JSON) or E(rror text). The child ignores SIGTERM/SIGINT and exits on EOF after closing
 its segment, so a killed or stopping broker loses nothing it sent.
 """
