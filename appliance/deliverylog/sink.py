@@ -1,14 +1,13 @@
-"""DeliveryLog: the broker's EventSink; emit() appends to a queue, pump() or a thread takes it to the writer."""
+"""DeliveryLog: the broker's EventSink; emit() appends to a queue, a background thread writes segments."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .batch import LANE_KINDS, Lanes, keep_newest, lane_counts, pack_lanes
+from .batch import LANE_KINDS, Lanes, keep_newest, lane_counts
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .positional import LAYOUTS
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
@@ -55,10 +54,8 @@ def _message_tuple(msg: Any) -> tuple[Any, ...]:
 class DeliveryLog:
     """An EventSink writing schema-v1 delivery-log segments for one node (or one client, source="client").
 
-    emit() only timestamps and appends to a list (a lane: one per hot kind, their values inline, see batch.py). The
-    emitting thread should call pump() every `flush_interval_s` (the node does, on its event loop): it takes the
-    lanes and marshals them there, and a thread only writes them to the writer, a child process unless
-    process=False. Without pumps the thread takes the lanes itself, contending for the emitter's GIL.
+    emit() only timestamps and appends to a list (a lane: one per hot kind, their values inline, see batch.py); a
+    thread drains the lanes every `flush_interval_s` into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
     Closed segments are Parquet (`format="parquet"`, the open one journaled as checksummed binary batches) or gzip
@@ -88,7 +85,7 @@ class DeliveryLog:
         min_free_bytes: int = 32 << 20,
         fsync_every_s: float | None = 10.0,
         sync_every_s: float = 0.5,
-        flush_interval_s: float = 0.02,
+        flush_interval_s: float = 0.05,
         max_backlog: int = 100_000,
         format: str = "parquet",
         gzip_level: int | None = None,
@@ -116,14 +113,7 @@ class DeliveryLog:
         # emitters extend a lane at the end, only the writer thread takes from the front; lane 0: keyword events
         self._lanes: Lanes = [[] for _ in range(1 + len(LANE_KINDS))]
         self._queue_to_lanes()
-        self.flush_interval_s = flush_interval_s
-        # batches taken from the lanes, oldest first: by pump() (on the emitting thread) or by the writer thread;
-        # only the writer thread pops them. Taking and appending happen under _take_lock, so order is kept.
-        self._taken: deque[tuple[str, Any]] = deque()
-        self._take_lock = threading.Lock()
-        self._pack = isinstance(self._writer, WriterProcess)
-        self._last_pump = float("-inf")  # time.monotonic() of the last pump()
-        self.pumped = 0  # batches taken by pump()
+        self._interval = flush_interval_s
         self._max_backlog = max_backlog
         self._wake = threading.Event()
         self._done = threading.Condition()
@@ -242,44 +232,8 @@ class DeliveryLog:
 
     # -- writer thread -----------------------------------------------------------------------------------------
 
-    def pump(self) -> None:
-        """Take every queued event now, on the calling thread (marshalled here), and wake the thread to write them.
-
-        Call it from the thread that emits, every `flush_interval_s`: the writer thread then never holds the GIL
-        for more than a pipe write, so the emitter is not preempted mid-burst. Safe from any thread.
-        """
-        self._last_pump = time.monotonic()
-        if self._take():
-            self.pumped += 1
-            self._wake.set()
-
-    def _take(self) -> bool:
-        """Drain the lanes into one taken batch (and a loss record when the backlog overflowed); True if any."""
-        with self._take_lock:
-            lanes, offset, stepped, lost = self._drain()
-            if lost:
-                self._taken.append(("loss", lost))
-            if not any(lanes):
-                return bool(lost)
-            self._taken.append(("packed", pack_lanes(lanes, offset, stepped)) if self._pack
-                               else ("lanes", (lanes, offset, stepped)))
-            return True
-
-    def _write_taken(self) -> None:
-        """Hand every taken batch to the writer, oldest first (writer thread only)."""
-        writer, taken = self._writer, self._taken
-        while taken:
-            kind, batch = taken[0]
-            if kind == "packed":
-                writer.write_lanes_packed(batch)
-            elif kind == "lanes":
-                writer.write_lanes(*batch)
-            else:
-                writer.record_loss("backlog", batch)
-            taken.popleft()
-
-    def _drain(self) -> tuple[Lanes, int, bool, int]:
-        """Take every queued event, oldest first: (lanes batch, wall-minus-monotonic offset, clock stepped, lost).
+    def _drain(self) -> tuple[Lanes, int, bool]:
+        """Take every queued event, oldest first: (lanes batch, wall-minus-monotonic offset, clock stepped).
 
         Events carry CLOCK_MONOTONIC only (one clock read each); their wall time is mono + the offset read here.
         Linux moves the wall clock against the monotonic one only by a step (NTP slews both alike), so while the
@@ -289,7 +243,7 @@ class DeliveryLog:
 
         Two C calls per lane, a copy of the front and its deletion: an emitter extends a lane by a whole event
         atomically under the GIL and only at the end, so each front ends on an event boundary and nothing is lost
-        or taken twice. Beyond `max_backlog` events the oldest are dropped, and counted in `lost`.
+        or taken twice. Beyond `max_backlog` events the oldest are dropped and recorded.
         """
         before = _clock_offset()
         lanes: Lanes = []
@@ -301,30 +255,27 @@ class DeliveryLog:
         stepped = abs(offset - self._offset_before) > STEP_NS
         self._offset_before = before
         lanes, lost = keep_newest(lanes, self._max_backlog)
-        return lanes, offset, stepped, lost
+        if lost:
+            self._writer.record_loss("backlog", lost)
+        return lanes, offset, stepped
 
     def _run(self) -> None:
         """Write batches until closed; on a writer failure keep the error for flush/close and stop queueing."""
         writer = self._writer
         try:
             while True:
-                self._wake.wait(self.flush_interval_s)
+                self._wake.wait(self._interval)
                 self._wake.clear()
                 with self._done:
                     target = self._requested
                     closing = self._closing
                     rotate, self._rotate_wanted = self._rotate_wanted, False
-                # a request needs everything emitted before it; otherwise take only when nobody pumps
-                if closing or rotate or target > self._completed or (
-                        time.monotonic() - self._last_pump > 2 * self.flush_interval_s):
-                    self._take()
-                self._write_taken()
+                writer.write_lanes(*self._drain())
                 writer.tick()
                 if rotate:
                     writer.rotate()
                 if closing:
-                    self._take()
-                    self._write_taken()
+                    writer.write_lanes(*self._drain())
                     writer.close()
                 elif target > self._completed:
                     writer.sync()
@@ -335,10 +286,8 @@ class DeliveryLog:
                     return
         except BaseException as exc:  # the error is re-raised to whoever flushes or closes next
             self._stop_queueing()
-            with self._take_lock:
-                for lane in self._lanes:
-                    lane.clear()
-                self._taken.clear()
+            for lane in self._lanes:
+                lane.clear()
             with self._done:
                 self._error = exc
                 self._completed = 1 << 62

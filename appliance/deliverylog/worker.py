@@ -141,10 +141,6 @@ class WriterProcess:
         if any(lanes):
             self._call(b"W", pack_lanes(lanes, offset, stepped))
 
-    def write_lanes_packed(self, payload: bytes) -> None:
-        """Hand a lanes batch already marshalled by batch.pack_lanes to the child: one pipe write."""
-        self._call(b"W", payload)
-
     def record_loss(self, reason: str, events: int) -> None:
         """Have the child record a log_evicted for events lost before reaching it."""
         self._call(b"L", json.dumps([reason, events]).encode())

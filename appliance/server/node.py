@@ -184,8 +184,6 @@ class Node:
         self.notifier.async_start_status(self.status_line)
         if self.delivery_log is not None:
             self.delivery_log.emit("node_start")
-            # the loop takes and marshals its own events: the log's thread then only writes, never preempting us
-            self._spawn(self._async_every(self.delivery_log.flush_interval_s, self.delivery_log.pump), "deliverylog")
         self.notifier.ready(self.status_line())
         log.info("node %s listening: %s", self.config.node_name, ", ".join(self.addresses()))
 
