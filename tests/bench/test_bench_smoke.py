@@ -62,3 +62,21 @@ def test_a_paired_benchmark_with_no_pairs_is_refused() -> None:
     res = subprocess.run([sys.executable, "-m", "bench.deliverylog_paired", "--pairs", "0"], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "--pairs" in res.stderr
+
+
+def test_the_delivery_log_parts_benchmark_reports_every_sink_against_the_first(tmp_path: Path) -> None:
+    """bench.deliverylog_parts: one line and one JSON entry per sink; the baseline's differences are zero."""
+    out = tmp_path / "parts.json"
+    sinks = "off,calls,list,noclock,parquet,parquet@0.01"
+    res = subprocess.run([sys.executable, "-m", "bench.deliverylog_parts", "--sinks", sinks, "--blocks", "2",
+                          "--block-rounds", "1", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    figures = json.loads(out.read_text())
+    assert list(figures["sinks"]) == sinks.split(",") and figures["baseline"] == "off"
+    assert figures["sinks"]["off"]["main_minus_baseline_us"] == figures["sinks"]["off"]["total_minus_baseline_us"] == 0
+    assert all(f["main_us"] > 0 for f in figures["sinks"].values())
+    assert len(res.stdout.splitlines()) == len(sinks.split(","))
+    bad = subprocess.run([sys.executable, "-m", "bench.deliverylog_parts", "--sinks", "off,bogus"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--sinks" in bad.stderr

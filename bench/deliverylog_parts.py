@@ -1,0 +1,123 @@
+"""Issue #5's logging cost taken apart, in one process: the QoS1 hot path with several event sinks, blocks interleaved.
+
+Run: .venv/bin/python -m bench.deliverylog_parts [--sinks off,calls,list,noclock,parquet] [--blocks 60] [--json F]
+Each sink drives its own copy of bench.hotpath_bench's in-process broker (real ClientProtocol, Broker and SqliteStore
+submits; no sockets, no SQL). The copies run in alternating blocks in one process pinned by the caller (taskset -c 0),
+so a block and its neighbours share the machine's weather. Per sink: main-thread and other-thread (the log's drain)
+CPU per message, and the median per-block difference from the first sink. Sinks:
+  off      no event sink (logging off)
+  calls    every record_* is `len`: the broker's calls and their values, nothing kept
+  list     the DeliveryLog's lanes, cleared at the end of each block: calls and queue, no drain
+  noclock  the full DeliveryLog with the broker's event clock replaced by `int` (the five clock reads' share)
+  parquet  the full DeliveryLog (drain thread, marshal, writer child); parquet@S drains every S seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import appliance.broker.broker as broker_module
+import appliance.broker.router as router_module
+import appliance.broker.session as session_module
+from appliance.broker.ports import NullEventSink
+from appliance.deliverylog import DeliveryLog
+from bench.hotpath_bench import _Bench, _ListSink
+
+SINKS = ("off", "calls", "list", "noclock", "parquet")
+
+
+def _sink(name: str, directory: Path) -> Any:
+    """The event sink of one variant (None for off)."""
+    if name == "off":
+        return None
+    if name == "calls":
+        sink = NullEventSink()
+        for kind in ("received", "committed", "routed", "delivered", "acked"):
+            setattr(sink, f"record_{kind}", len)
+        return sink
+    if name == "list":
+        return _ListSink()
+    interval = float(name.partition("@")[2] or 0.05)
+    return DeliveryLog(str(directory / "dlog"), fleet="bench", device="bench", node="bench", firmware="0",
+                       clock_synced=True, format="parquet", flush_interval_s=interval)
+
+
+def _set_clock(clock: Any) -> None:
+    broker_module.event_clock = router_module.event_clock = session_module.event_clock = clock  # type: ignore[attr-defined]
+
+
+def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
+    """Interleaved blocks of every sink; per sink the medians (µs per delivered message) as a dict."""
+    if not sinks or any(s.partition("@")[0] not in SINKS for s in sinks):
+        raise SystemExit(f"--sinks: a comma-separated choice of {', '.join(SINKS)}")
+    if blocks < 1 or block_rounds < 1:
+        raise SystemExit("--blocks and --block-rounds must be at least 1")
+    tmp = Path(tempfile.mkdtemp(prefix="dlog-parts-"))
+    benches, logs = {}, {}
+    for name in sinks:
+        (tmp / name).mkdir()
+        logs[name] = _sink(name, tmp / name)
+        benches[name] = _Bench(tmp / name, logs[name])
+        for k in range(50):
+            benches[name].round(k)
+        if logs[name] is not None and hasattr(logs[name], "flush"):
+            logs[name].flush()  # the writer child's start and first segment stay out of the blocks
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)  # as the node runs (appliance/server/node.py GC_THRESHOLDS)
+    main: dict[str, list[float]] = {s: [] for s in sinks}
+    other: dict[str, list[float]] = {s: [] for s in sinks}
+    try:
+        for block in range(blocks):
+            for name in sinks if block % 2 == 0 else sinks[::-1]:
+                _set_clock(int if name == "noclock" else time.monotonic_ns)
+                log = logs[name]
+                t0, p0, n = time.thread_time(), time.process_time(), 0
+                for k in range(block_rounds):
+                    n += benches[name].round(k)
+                if log is not None and hasattr(log, "flush"):
+                    log.flush()  # the drain of this block's events counts in this block
+                main_s = time.thread_time() - t0
+                main[name].append(main_s / n * 1e6)
+                other[name].append((time.process_time() - p0 - main_s) / n * 1e6)
+    finally:
+        _set_clock(time.monotonic_ns)
+        for log in logs.values():
+            if log is not None and hasattr(log, "close"):
+                log.close()
+    base = sinks[0]
+    out: dict[str, Any] = {"blocks": blocks, "block_rounds": block_rounds, "baseline": base, "sinks": {}}
+    for name in sinks:
+        out["sinks"][name] = {
+            "main_us": statistics.median(main[name]), "other_us": statistics.median(other[name]),
+            "main_minus_baseline_us": statistics.median(a - b for a, b in zip(main[name], main[base], strict=True)),
+            "total_minus_baseline_us": statistics.median(
+                (a - b) + (c - d) for a, c, b, d in zip(main[name], other[name], main[base], other[base], strict=True)),
+        }
+    return out
+
+
+def main() -> None:
+    """Parse arguments, run, print one line per sink."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sinks", default="off,calls,list,noclock,parquet")
+    ap.add_argument("--blocks", type=int, default=60)
+    ap.add_argument("--block-rounds", type=int, default=20)
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args()
+    figures = run(args.sinks.split(","), args.blocks, args.block_rounds)
+    for name, f in figures["sinks"].items():
+        print(f"{name:8s} main {f['main_us']:6.2f} other {f['other_us']:5.2f} us/msg; minus {figures['baseline']} "
+              f"per block: main {f['main_minus_baseline_us']:+.2f}, total {f['total_minus_baseline_us']:+.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
