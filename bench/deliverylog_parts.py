@@ -49,14 +49,24 @@ def _sink(name: str, directory: Path) -> Any:
                        clock_synced=True, format="parquet", flush_interval_s=interval)
 
 
+def _positive(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
 def _set_clock(clock: Any) -> None:
     broker_module.event_clock = router_module.event_clock = session_module.event_clock = clock  # type: ignore[attr-defined]
 
 
 def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
     """Interleaved blocks of every sink; per sink the medians (µs per delivered message) as a dict."""
-    if not sinks or any(s.partition("@")[0] not in SINKS for s in sinks):
-        raise SystemExit(f"--sinks: a comma-separated choice of {', '.join(SINKS)}")
+    for sink in sinks or [""]:
+        name, at, interval = sink.partition("@")
+        if name not in SINKS or (at and (name not in ("noclock", "parquet") or not _positive(interval))):
+            raise SystemExit(f"--sinks: a comma-separated choice of {', '.join(SINKS)} (noclock@S, parquet@S: "
+                             f"drained every S seconds), not {sink!r}")
     if blocks < 1 or block_rounds < 1:
         raise SystemExit("--blocks and --block-rounds must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="dlog-parts-"))

@@ -77,6 +77,7 @@ def test_the_delivery_log_parts_benchmark_reports_every_sink_against_the_first(t
     assert figures["sinks"]["off"]["main_minus_baseline_us"] == figures["sinks"]["off"]["total_minus_baseline_us"] == 0
     assert all(f["main_us"] > 0 for f in figures["sinks"].values())
     assert len(res.stdout.splitlines()) == len(sinks.split(","))
-    bad = subprocess.run([sys.executable, "-m", "bench.deliverylog_parts", "--sinks", "off,bogus"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and "--sinks" in bad.stderr
+    for bad_sinks in ("off,bogus", "parquet@x", "parquet@0", "calls@0.1", ""):
+        bad = subprocess.run([sys.executable, "-m", "bench.deliverylog_parts", "--sinks", bad_sinks], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and "--sinks" in bad.stderr and "Traceback" not in bad.stderr, bad_sinks
