@@ -15,38 +15,27 @@ CPU per message, and the median per-block difference from the first sink. Sinks:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import appliance.broker.broker as broker_module
-import appliance.broker.router as router_module
-import appliance.broker.session as session_module
-from appliance.broker.ports import NullEventSink
-from appliance.deliverylog import DeliveryLog
-from bench.hotpath_bench import _Bench, _ListSink
+from appliance.broker import ports
+from appliance.server.node import GC_THRESHOLDS
+from bench.hotpath_bench import _Bench, event_sink
 
 SINKS = ("off", "calls", "list", "noclock", "parquet")
 
 
-def _sink(name: str, directory: Path) -> Any:
-    """The event sink of one variant (None for off)."""
-    if name == "off":
-        return None
-    if name == "calls":
-        sink = NullEventSink()
-        for kind in ("received", "committed", "routed", "delivered", "acked"):
-            setattr(sink, f"record_{kind}", len)
-        return sink
-    if name == "list":
-        return _ListSink()
-    interval = float(name.partition("@")[2] or 0.05)
-    return DeliveryLog(str(directory / "dlog"), fleet="bench", device="bench", node="bench", firmware="0",
-                       clock_synced=True, format="parquet", flush_interval_s=interval)
+def _sink(spec: str, directory: Path) -> Any:
+    """The event sink of one variant: noclock is a parquet log (its clock is swapped per block), @S its interval."""
+    name, _, interval = spec.partition("@")
+    return event_sink("parquet" if name == "noclock" else name, directory, float(interval or 0.05))
 
 
 def _positive(text: str) -> bool:
@@ -57,7 +46,17 @@ def _positive(text: str) -> bool:
 
 
 def _set_clock(clock: Any) -> None:
-    broker_module.event_clock = router_module.event_clock = session_module.event_clock = clock  # type: ignore[attr-defined]
+    """Point every appliance module that imported the broker's event clock at `clock`."""
+    for module in _clock_users():
+        module.event_clock = clock
+
+
+@functools.cache
+def _clock_users() -> list[Any]:
+    """The modules found before the first swap (after it their clock is no longer the broker's)."""
+    clock = ports.event_clock
+    return [m for name, m in list(sys.modules.items())
+            if name.startswith("appliance.") and getattr(m, "event_clock", None) is clock and m is not ports]
 
 
 def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
@@ -67,40 +66,42 @@ def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
         if name not in SINKS or (at and (name not in ("noclock", "parquet") or not _positive(interval))):
             raise SystemExit(f"--sinks: a comma-separated choice of {', '.join(SINKS)} (noclock@S, parquet@S: "
                              f"drained every S seconds), not {sink!r}")
+    if len(set(sinks)) != len(sinks):
+        raise SystemExit(f"--sinks: each sink once, not {','.join(sinks)}")
     if blocks < 1 or block_rounds < 1:
         raise SystemExit("--blocks and --block-rounds must be at least 1")
-    tmp = Path(tempfile.mkdtemp(prefix="dlog-parts-"))
-    benches, logs = {}, {}
-    for name in sinks:
-        (tmp / name).mkdir()
-        logs[name] = _sink(name, tmp / name)
-        benches[name] = _Bench(tmp / name, logs[name])
-        for k in range(50):
-            benches[name].round(k)
-        if logs[name] is not None and hasattr(logs[name], "flush"):
-            logs[name].flush()  # the writer child's start and first segment stay out of the blocks
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)  # as the node runs (appliance/server/node.py GC_THRESHOLDS)
     main: dict[str, list[float]] = {s: [] for s in sinks}
     other: dict[str, list[float]] = {s: [] for s in sinks}
-    try:
-        for block in range(blocks):
-            for name in sinks if block % 2 == 0 else sinks[::-1]:
-                _set_clock(int if name == "noclock" else time.monotonic_ns)
-                log = logs[name]
-                t0, p0, n = time.thread_time(), time.process_time(), 0
-                for k in range(block_rounds):
-                    n += benches[name].round(k)
-                if log is not None and hasattr(log, "flush"):
-                    log.flush()  # the drain of this block's events counts in this block
-                main_s = time.thread_time() - t0
-                main[name].append(main_s / n * 1e6)
-                other[name].append((time.process_time() - p0 - main_s) / n * 1e6)
-    finally:
-        _set_clock(time.monotonic_ns)
-        for log in logs.values():
-            if log is not None and hasattr(log, "close"):
-                log.close()
+    with tempfile.TemporaryDirectory(prefix="dlog-parts-") as tmp:
+        benches, logs = {}, {}
+        try:
+            for name in sinks:
+                (Path(tmp) / name).mkdir()
+                logs[name] = _sink(name, Path(tmp) / name)
+                benches[name] = _Bench(Path(tmp) / name, logs[name])
+                for k in range(50):
+                    benches[name].round(k)
+                if logs[name] is not None:
+                    logs[name].flush()  # the writer child's start and first segment stay out of the blocks
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)  # as the node runs
+            for block in range(blocks):
+                for name in sinks if block % 2 == 0 else sinks[::-1]:
+                    _set_clock(int if name.startswith("noclock") else ports.event_clock)
+                    log = logs[name]
+                    t0, p0, n = time.thread_time(), time.process_time(), 0
+                    for k in range(block_rounds):
+                        n += benches[name].round(k)
+                    if log is not None:
+                        log.flush()  # the drain of this block's events counts in this block
+                    main_s = time.thread_time() - t0
+                    main[name].append(main_s / n * 1e6)
+                    other[name].append((time.process_time() - p0 - main_s) / n * 1e6)
+        finally:
+            _set_clock(ports.event_clock)
+            for log in logs.values():
+                if log is not None:
+                    log.close()
     base = sinks[0]
     out: dict[str, Any] = {"blocks": blocks, "block_rounds": block_rounds, "baseline": base, "sinks": {}}
     for name in sinks:

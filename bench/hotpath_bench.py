@@ -27,6 +27,7 @@ from appliance.broker.settings import BrokerSettings
 from appliance.protocol.reason_codes import ReasonCode
 from appliance.server.client import ClientProtocol
 from appliance.server.flow import FlowControl
+from appliance.server.node import GC_THRESHOLDS
 from appliance.store import SqliteStore
 from appliance.store import batch as ops
 
@@ -84,6 +85,35 @@ class _ListSink:
             lane.clear()
 
     close = flush
+
+
+SINKS = ("off", "null", "calls", "list", "parquet", "jsonl.gz")
+
+
+def event_sink(name: str, directory: Path, flush_interval_s: float = 0.05) -> Any:
+    """The event sink of one variant (SINKS), with flush() and close(); None when off.
+
+    null: NullEventSink (a Python no-op per event); calls: every record_* is `len` (the broker's calls and their
+    values, nothing kept); list: the lanes, emptied at each flush, no drain; otherwise a DeliveryLog of that format.
+    """
+    if name == "off":
+        return None
+    if name in ("null", "calls"):
+        from appliance.broker.ports import NullEventSink
+        from appliance.deliverylog.batch import LANE_KINDS
+
+        sink: Any = NullEventSink()
+        sink.flush = sink.close = lambda: None
+        if name == "calls":
+            for kind in LANE_KINDS:
+                setattr(sink, f"record_{kind}", len)
+        return sink
+    if name == "list":
+        return _ListSink()
+    from appliance.deliverylog import DeliveryLog
+
+    return DeliveryLog(str(directory / "dlog"), fleet="bench", device="bench", node="bench", firmware="0",
+                       clock_synced=True, format=name, flush_interval_s=flush_interval_s)
 
 
 class _Bench:
@@ -158,28 +188,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--events", choices=("off", "null", "list", "parquet", "jsonl.gz"), default="off",
-                        help="attach a DeliveryLog (writer child) and also report the process's other threads")
+    parser.add_argument("--events", choices=SINKS, default="off",
+                        help="attach an event sink (see event_sink) and also report the process's other threads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        log: Any = None
-        if args.events == "null":  # the calls alone
-            from appliance.broker.ports import NullEventSink
-
-            log = NullEventSink()
-            log.flush = log.close = lambda: None
-        elif args.events == "list":  # the calls and the queue, no drain
-            log = _ListSink()
-        elif args.events != "off":
-            from appliance.deliverylog import DeliveryLog
-
-            log = DeliveryLog(str(Path(tmp) / "dlog"), fleet="bench", device="bench", node="bench", firmware="0",
-                              clock_synced=True, format=args.events)
+        log = event_sink(args.events, Path(tmp))
         bench = _Bench(Path(tmp), log)
         for k in range(50):
             bench.round(k)
         gc.freeze()
-        gc.set_threshold(50_000, 20, 100)  # as the node runs (appliance/server/node.py GC_THRESHOLDS)
+        gc.set_threshold(*GC_THRESHOLDS)  # as the node runs
         per_message, others = [], []
         for _ in range(args.runs):
             t0, p0, n = time.thread_time(), time.process_time(), 0
