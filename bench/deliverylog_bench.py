@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any
 
-from appliance.broker.ports import NullEventSink, event_clock
+from appliance.broker.ports import NullEventSink
 from appliance.deliverylog import DeliveryLog
 from appliance.deliverylog.identity import Identity
 from appliance.deliverylog.writer import Limits, SegmentWriter
@@ -52,17 +52,16 @@ def _message_events(sink, i: int, pub_pid: int) -> None:
 
 def _broker_events(sink, messages: list) -> None:
     """What our broker emits for QoS1 messages from one publisher to one online persistent subscriber (its calls)."""
-    clock = event_clock
     routed, delivered = sink.record_routed, sink.record_delivered
     committed, acked = sink.record_committed, sink.record_acked
     received = sink.record_received
     for i, m in enumerate(messages):
-        received((clock(), m.msg_id, m.publisher, m.topic, m.qos, m.retain, len(m.payload),
-                  m.properties.user_properties or None, i % 65535 + 1))
-        routed((clock(), m.msg_id, "historian", "plant/+/+/temp", 1))
-        delivered((clock(), m.msg_id, "historian", 1, False, 1))
-        committed((clock(), m.msg_id))
-        acked((clock(), m.msg_id, "historian", 1))
+        received(m.msg_id, m.publisher, m.topic, m.qos, m.retain, len(m.payload), m.properties.user_properties or None,
+                 i % 65535 + 1)
+        routed(m.msg_id, "historian", "plant/+/+/temp", 1)
+        delivered(m.msg_id, "historian", 1, False, 1)
+        committed(m.msg_id)
+        acked(m.msg_id, "historian", 1)
 
 
 def side_cost(n: int, process: bool, fmt: str) -> tuple[float, float, float]:

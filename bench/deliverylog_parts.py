@@ -1,41 +1,39 @@
 """Issue #5's logging cost taken apart, in one process: the QoS1 hot path with several event sinks, blocks interleaved.
 
-Run: .venv/bin/python -m bench.deliverylog_parts [--sinks off,calls,list,noclock,parquet] [--blocks 60] [--json F]
+Run: .venv/bin/python -m bench.deliverylog_parts [--sinks off,list,recorder,parquet] [--blocks 60] [--json F]
 Each sink drives its own copy of bench.hotpath_bench's in-process broker (real ClientProtocol, Broker and SqliteStore
 submits; no sockets, no SQL). The copies run in alternating blocks in one process pinned by the caller (taskset -c 0),
 so a block and its neighbours share the machine's weather. Per sink: main-thread and other-thread (the log's drain)
 CPU per message, and the median per-block difference from the first sink. Sinks:
-  off      no event sink (logging off)
-  calls    every record_* is `len`: the broker's calls and their values, nothing kept
-  list     the DeliveryLog's lanes, cleared at the end of each block: calls and queue, no drain
-  noclock  the full DeliveryLog with the broker's event clock replaced by `int` (the five clock reads' share)
-  parquet  the full DeliveryLog (drain thread, marshal, writer child); parquet@S drains every S seconds
+  off           no event sink (logging off)
+  null          the broker's calls into a Python no-op
+  list          the DeliveryLog's pure-Python lanes, cleared at the end of each block: calls and queue, no drain
+  recorder      the C recorder, cleared at the end of each block: calls and queue, no drain
+  parquet       the full DeliveryLog (drain thread, writer child); parquet@S drains every S seconds
+  parquet-pure  the same with the pure-Python lanes instead of the C recorder
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from appliance.broker import ports
 from appliance.server.node import GC_THRESHOLDS
 from bench.hotpath_bench import _Bench, event_sink
 
-SINKS = ("off", "calls", "list", "noclock", "parquet")
+SINKS = ("off", "null", "list", "recorder", "parquet", "parquet-pure")
 
 
 def _sink(spec: str, directory: Path) -> Any:
-    """The event sink of one variant: noclock is a parquet log (its clock is swapped per block), @S its interval."""
+    """The event sink of one variant (@S: a log's drain interval)."""
     name, _, interval = spec.partition("@")
-    return event_sink("parquet" if name == "noclock" else name, directory, float(interval or 0.05))
+    return event_sink(name, directory, float(interval or 0.05))
 
 
 def _positive(text: str) -> bool:
@@ -45,26 +43,12 @@ def _positive(text: str) -> bool:
         return False
 
 
-def _set_clock(clock: Any) -> None:
-    """Point every appliance module that imported the broker's event clock at `clock`."""
-    for module in _clock_users():
-        module.event_clock = clock
-
-
-@functools.cache
-def _clock_users() -> list[Any]:
-    """The modules found before the first swap (after it their clock is no longer the broker's)."""
-    clock = ports.event_clock
-    return [m for name, m in list(sys.modules.items())
-            if name.startswith("appliance.") and getattr(m, "event_clock", None) is clock and m is not ports]
-
-
 def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
     """Interleaved blocks of every sink; per sink the medians (µs per delivered message) as a dict."""
     for sink in sinks or [""]:
         name, at, interval = sink.partition("@")
-        if name not in SINKS or (at and (name not in ("noclock", "parquet") or not _positive(interval))):
-            raise SystemExit(f"--sinks: a comma-separated choice of {', '.join(SINKS)} (noclock@S, parquet@S: "
+        if name not in SINKS or (at and (not name.startswith("parquet") or not _positive(interval))):
+            raise SystemExit(f"--sinks: a comma-separated choice of {', '.join(SINKS)} (parquet@S, parquet-pure@S: "
                              f"drained every S seconds), not {sink!r}")
     if len(set(sinks)) != len(sinks):
         raise SystemExit(f"--sinks: each sink once, not {','.join(sinks)}")
@@ -87,7 +71,6 @@ def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
             gc.set_threshold(*GC_THRESHOLDS)  # as the node runs
             for block in range(blocks):
                 for name in sinks if block % 2 == 0 else sinks[::-1]:
-                    _set_clock(int if name.startswith("noclock") else ports.event_clock)
                     log = logs[name]
                     t0, p0, n = time.thread_time(), time.process_time(), 0
                     for k in range(block_rounds):
@@ -98,7 +81,6 @@ def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
                     main[name].append(main_s / n * 1e6)
                     other[name].append((time.process_time() - p0 - main_s) / n * 1e6)
         finally:
-            _set_clock(ports.event_clock)
             for log in logs.values():
                 if log is not None:
                     log.close()
@@ -117,7 +99,7 @@ def run(sinks: list[str], blocks: int, block_rounds: int) -> dict[str, Any]:
 def main() -> None:
     """Parse arguments, run, print one line per sink."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sinks", default="off,calls,list,noclock,parquet")
+    ap.add_argument("--sinks", default="off,list,recorder,parquet")
     ap.add_argument("--blocks", type=int, default=60)
     ap.add_argument("--block-rounds", type=int, default=20)
     ap.add_argument("--json", help="also write the figures here")

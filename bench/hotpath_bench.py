@@ -68,14 +68,17 @@ class _Transport:
         pass
 
 
-class _ListSink:
-    """The DeliveryLog's hot emitters into its lanes, emptied at each flush: calls + values, no drain thread."""
+class _QueueSink:
+    """The DeliveryLog's hot emitters (pure-Python lanes or the C recorder), emptied at each flush: no drain thread."""
 
-    def __init__(self) -> None:
-        from appliance.deliverylog.batch import LANE_KINDS
+    def __init__(self, native: bool) -> None:
+        from appliance.deliverylog.batch import LANE_KINDS, LANE_WIDTHS, NativeRecorder
         from appliance.deliverylog.sink import DeliveryLog
 
+        if native and NativeRecorder is None:
+            raise SystemExit("the recorder sink needs the C recorder, which this install lacks")
         self._lanes: list[list[Any]] = [[] for _ in range(1 + len(LANE_KINDS))]
+        self._recorder = NativeRecorder(LANE_WIDTHS) if native else None
         DeliveryLog._queue_to_lanes(self)  # type: ignore[arg-type]
         for name in ("emit", "received"):
             setattr(self, name, types.MethodType(getattr(DeliveryLog, name), self))
@@ -83,37 +86,37 @@ class _ListSink:
     def flush(self) -> None:
         for lane in self._lanes:
             lane.clear()
+        if self._recorder is not None:
+            self._recorder.clear()
 
     close = flush
 
 
-SINKS = ("off", "null", "calls", "list", "parquet", "jsonl.gz")
+SINKS = ("off", "null", "list", "recorder", "parquet", "parquet-pure", "jsonl.gz")
 
 
 def event_sink(name: str, directory: Path, flush_interval_s: float = 0.05) -> Any:
     """The event sink of one variant (SINKS), with flush() and close(); None when off.
 
-    null: NullEventSink (a Python no-op per event); calls: every record_* is `len` (the broker's calls and their
-    values, nothing kept); list: the lanes, emptied at each flush, no drain; otherwise a DeliveryLog of that format.
+    null: NullEventSink (a Python no-op per event); list: the pure-Python lanes, emptied at each flush, no drain;
+    recorder: the C recorder, emptied at each flush, no drain; otherwise a DeliveryLog of that format (its hot
+    events in the C recorder where built, in the pure-Python lanes for parquet-pure).
     """
     if name == "off":
         return None
-    if name in ("null", "calls"):
+    if name == "null":
         from appliance.broker.ports import NullEventSink
-        from appliance.deliverylog.batch import LANE_KINDS
 
         sink: Any = NullEventSink()
         sink.flush = sink.close = lambda: None
-        if name == "calls":
-            for kind in LANE_KINDS:
-                setattr(sink, f"record_{kind}", len)
         return sink
-    if name == "list":
-        return _ListSink()
+    if name in ("list", "recorder"):
+        return _QueueSink(native=name == "recorder")
     from appliance.deliverylog import DeliveryLog
 
+    fmt, _, pure = name.partition("-")
     return DeliveryLog(str(directory / "dlog"), fleet="bench", device="bench", node="bench", firmware="0",
-                       clock_synced=True, format=name, flush_interval_s=flush_interval_s)
+                       clock_synced=True, format=fmt, flush_interval_s=flush_interval_s, native=False if pure else None)
 
 
 class _Bench:

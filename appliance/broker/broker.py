@@ -34,7 +34,7 @@ from appliance.protocol.topics import validate_topic_filter
 from .acl import READ, WRITE, Acl
 from .metrics import Metrics
 from .model import DeliveryState, Message, SessionRecord, SubscriptionOptions
-from .ports import ClusterPort, EventSink, Snapshot, Store, event_clock
+from .ports import ClusterPort, EventSink, Snapshot, Store
 from .router import Router
 from .session import ClientLink, Session
 from .settings import NEVER_EXPIRES, BrokerSettings
@@ -391,8 +391,8 @@ class Broker:
             return
         events = self.events
         if events is not None:
-            events.record_received((event_clock(), message.msg_id, record.client_id, topic, qos, packet.retain,
-                                    len(packet.payload), props.user_properties or None, pid))
+            events.record_received(message.msg_id, record.client_id, topic, qos, packet.retain, len(packet.payload),
+                                   props.user_properties or None, pid)
         qos2_saved = False
         if qos == 2:  # the id first: a cluster node's replica learns it before any node can act on the message
             session.incoming_qos2[pid] = None  # type: ignore[index]
@@ -421,7 +421,7 @@ class Broker:
 
     def _committed(self, message: Message, session: Session, link: ClientLink, ack: Ack) -> None:
         if self.events is not None:
-            self.events.record_committed((event_clock(), message.msg_id))
+            self.events.record_committed(message.msg_id)
         self._send_ack(session, link, ack)
 
     def _on_puback(self, session: Session, link: ClientLink, packet: Puback | Pubcomp) -> None:
@@ -429,7 +429,7 @@ class Broker:
         if delivery is not None:
             self.metrics.messages_out[delivery.qos] += 1
             if self.events is not None:
-                self.events.record_acked((event_clock(), delivery.message.msg_id, session.client_id, delivery.qos))
+                self.events.record_acked(delivery.message.msg_id, session.client_id, delivery.qos)
 
     def _on_pubrec(self, session: Session, link: ClientLink, packet: Pubrec) -> None:
         if packet.reason_code >= 0x80:  # the client refused it: the flow ends here [MQTT-4.3.3-?]

@@ -65,22 +65,22 @@ event_clock = time.monotonic_ns  # the clock of every event: CLOCK_MONOTONIC in 
 class EventSink(Protocol):
     """Where the broker reports each message's life (received, committed, routed, delivered, acked, dropped...).
 
-    The five events of a message's hot path are `record_<kind>` callables taking one tuple (event_clock(), msg_id,
-    *values) in the order below, so the hot path pays one C call and no Python frame per event. `emit` takes any
-    kind with the schema's fields as keywords.
+    The five events of a message's hot path are `record_<kind>(msg_id, *values)` callables taking the values
+    below positionally; the sink reads event_clock() itself at the call (a C recorder where built: one C call, no
+    tuple and no Python frame per event). `emit` takes any kind with the schema's fields as keywords.
     """
 
-    # (clock, msg_id, publisher, topic, qos, retain, payload size, user properties or None, publisher packet id)
-    record_received: Callable[[tuple[int, str, str, str, int, bool, int, Any, int | None]], None]
-    record_committed: Callable[[tuple[int, str]], None]  # (clock, msg_id): the message is on disk here
-    record_routed: Callable[[tuple[int, str, str, str, int]], None]  # (clock, msg_id, subscriber, filter, qos)
-    record_delivered: Callable[[tuple[int, str, str, int, bool, int]], None]  # (.., subscriber, qos, dup, attempt)
-    record_acked: Callable[[tuple[int, str, str, int]], None]  # (clock, msg_id, subscriber, qos): PUBACK / PUBCOMP
+    # (msg_id, publisher, topic, qos, retain, payload size, user properties or None, publisher packet id)
+    record_received: Callable[[str, str, str, int, bool, int, Any, int | None], None]
+    record_committed: Callable[[str], None]  # (msg_id): the message is on disk here
+    record_routed: Callable[[str, str, str, int], None]  # (msg_id, subscriber, filter, qos)
+    record_delivered: Callable[[str, str, int, bool, int], None]  # (msg_id, subscriber, qos, dup, attempt)
+    record_acked: Callable[[str, str, int], None]  # (msg_id, subscriber, qos): PUBACK / PUBCOMP
 
     def emit(self, kind: str, **fields: Any) -> None: ...
 
 
-def _discard(values: tuple[Any, ...]) -> None:
+def _discard(*values: Any) -> None:
     """Drop one event."""
 
 

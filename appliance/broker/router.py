@@ -8,7 +8,7 @@ from appliance.protocol.topics import topic_matches
 
 from .metrics import Metrics
 from .model import Delivery, Message, SubscriptionOptions
-from .ports import EventSink, Store, event_clock
+from .ports import EventSink, Store
 from .session import Session
 from .settings import BrokerSettings
 from .topictree import TopicTree, split_shared
@@ -174,14 +174,14 @@ class Router:
         """Hand one message to one session; returns True when it was written to the store."""
         events = self.events
         if events is not None:
-            events.record_routed((event_clock(), message.msg_id, session.client_id, topic_filter, qos))
+            events.record_routed(message.msg_id, session.client_id, topic_filter, qos)
         if qos == 0:
             link = session.link
             if link is not None:
                 if link.publish(message, 0, retain, None, False, sub_ids):
                     self.metrics.messages_out[0] += 1
                     if events is not None:
-                        events.record_delivered((event_clock(), message.msg_id, session.client_id, 0, False, 1))
+                        events.record_delivered(message.msg_id, session.client_id, 0, False, 1)
                 else:
                     self.metrics.drop("packet_too_large")
                 return False

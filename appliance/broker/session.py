@@ -9,7 +9,7 @@ from typing import Protocol
 from appliance.protocol.packets import Packet, Pubrel
 
 from .model import Delivery, DeliveryState, Message, SessionRecord
-from .ports import EventSink, Store, event_clock
+from .ports import EventSink, Store
 
 NEVER_EXPIRES = 0xFFFFFFFF
 _SENT = DeliveryState.SENT  # a global: the enum attribute lookup is slow on the hot path
@@ -168,8 +168,8 @@ class Session:
 
     def _send_first(self, link: ClientLink, delivery: Delivery, pid: int) -> None:
         if self.events is not None:
-            self.events.record_delivered((event_clock(), delivery.message.msg_id, self.record.client_id, delivery.qos,
-                                          False, delivery.attempts))
+            self.events.record_delivered(delivery.message.msg_id, self.record.client_id, delivery.qos, False,
+                                         delivery.attempts)
         if not link.publish(delivery.message, delivery.qos, delivery.retain, pid, False, delivery.subscription_ids):
             del self.inflight[pid]  # too large for this client: dropped, never retried [MQTT-3.1.2-25]
             if self.store is not None:
@@ -186,8 +186,8 @@ class Session:
             else:
                 delivery.attempts += 1
                 if self.events is not None:
-                    self.events.record_delivered((event_clock(), delivery.message.msg_id, self.record.client_id,
-                                                  delivery.qos, True, delivery.attempts))
+                    self.events.record_delivered(delivery.message.msg_id, self.record.client_id, delivery.qos, True,
+                                                 delivery.attempts)
                 link.publish(delivery.message, delivery.qos, delivery.retain, pid, True, delivery.subscription_ids)
 
     def complete(self, packet_id: int) -> Delivery | None:

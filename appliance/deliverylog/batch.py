@@ -21,6 +21,14 @@ from .positional import LAYOUTS, USER, fields_of, publisher_seq
 from .positional import plain as plain_positional
 from .schema import EMIT_FIELDS, FIELDS, KIND_SET, KINDS, field_problem
 
+NativeRecorder: Any
+_decode_recorded: Any
+try:  # the optional C recorder (setup.py builds it; _recorder.c): its take() bytes carry lanes 1..5
+    from ._recorder import Recorder as NativeRecorder
+    from ._recorder import decode as _decode_recorded
+except ImportError:  # pragma: no cover - a build without a C compiler
+    NativeRecorder = _decode_recorded = None
+
 ITEM_LEN = 4  # entries per event in a flat batch [kind, wall, mono, fields, kind, ...]
 # Kinds whose records carry all of a message's fields when the broker passes message=; others carry only msg_id.
 FULL_MESSAGE_KINDS = frozenset({"received", "forwarded", "replicated", "migrated", "dropped", "expired"})
@@ -47,6 +55,16 @@ def lane_counts(lanes: Lanes) -> list[int]:
             raise ValueError(f"a lane of {len(lane)} entries is not whole events of {width}")
         counts.append(len(lane) // width)
     return counts
+
+
+def with_recorded(lanes: Lanes, recorded: bytes) -> Lanes:
+    """`lanes` with the events of a NativeRecorder's take() bytes appended to lanes 1..5; ValueError if bad."""
+    if not recorded:
+        return lanes
+    if _decode_recorded is None:
+        raise ValueError("recorded events need the C recorder, which this install lacks")
+    decoded = _decode_recorded(recorded, LANE_WIDTHS)
+    return [lanes[0], *(lane + more if lane else more for lane, more in zip(lanes[1:], decoded[1:], strict=True))]
 
 
 def lane_monos(lanes: Lanes) -> list[list[Any]]:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 from .identity import Identity, clock_sync_probe
 from .segments import write_all
-from .worker import FrameReader, send
+from .worker import FrameReader, send, unpack_recorded
 from .writer import DeliveryLogError, Limits, SegmentWriter
 
 TICK_S = 0.2
@@ -70,6 +70,8 @@ def main() -> int:
                 writer.write_packed(frame[1])
             elif frame[0] == b"W":
                 writer.write_lanes_packed(frame[1])
+            elif frame[0] == b"X":
+                writer.write_lanes(*unpack_recorded(frame[1]))
         writer.close()
         return 0
 
@@ -99,6 +101,8 @@ def _serve(reader: FrameReader, out: _FdOut, writer: SegmentWriter) -> int:
         kind, payload = frame
         if kind == b"W":
             writer.write_lanes_packed(payload)
+        elif kind == b"X":
+            writer.write_lanes(*unpack_recorded(payload))
         elif kind == b"B":
             writer.write_packed(payload)
         elif kind == b"L":

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from .batch import LANE_KINDS, Lanes, keep_newest, lane_counts
+from .batch import LANE_KINDS, LANE_WIDTHS, Lanes, NativeRecorder, keep_newest, lane_counts, with_recorded
 from .identity import Identity, clock_sync_probe, read_boot_id
 from .positional import LAYOUTS
 from .schema import EMIT_FIELDS, KIND_SET, field_problem
@@ -44,6 +44,16 @@ def _user_properties_problem(value: Any) -> str | None:
     return None
 
 
+def _lane_recorder(extend: Callable[[tuple[Any, ...]], None]) -> Callable[..., None]:
+    """A record_<kind> for the pure-Python lanes: the clock read now, then the values, appended inline."""
+    clock = _mono_ns
+
+    def record(*values: Any) -> None:
+        extend((clock(), *values))
+
+    return record
+
+
 def _message_tuple(msg: Any) -> tuple[Any, ...]:
     """A Message's schema values (msg_id, publisher, topic, qos, retain, payload size, user properties)."""
     props = getattr(msg, "properties", None)
@@ -58,15 +68,17 @@ class DeliveryLog:
     thread drains the lanes every `flush_interval_s` into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
+    With `native` (the default where the C recorder is built, batch.NativeRecorder) the hot kinds' tuples are
+    encoded into one buffer by C code instead, so the drain hands bytes on without marshalling per value.
     Closed segments are Parquet (`format="parquet"`, the open one journaled as checksummed binary batches) or gzip
     JSON Lines (`format="jsonl.gz"`, the open one the same gzip stream, at `gzip_level`, default 6).
     """
 
-    record_received: Callable[[tuple[Any, ...]], None]  # the EventSink's hot events: its lanes' extends
-    record_committed: Callable[[tuple[Any, ...]], None]
-    record_routed: Callable[[tuple[Any, ...]], None]
-    record_delivered: Callable[[tuple[Any, ...]], None]
-    record_acked: Callable[[tuple[Any, ...]], None]
+    record_received: Callable[..., None]  # the EventSink's hot events: the C recorder's methods, or _lane_recorder
+    record_committed: Callable[..., None]
+    record_routed: Callable[..., None]
+    record_delivered: Callable[..., None]
+    record_acked: Callable[..., None]
 
     def __init__(
         self,
@@ -92,9 +104,12 @@ class DeliveryLog:
         seq_property: str = "seq",
         strict: bool = False,
         process: bool = True,
+        native: bool | None = None,
     ) -> None:
         if source not in ("broker", "client"):
             raise DeliveryLogError(f"source must be 'broker' or 'client', not {source!r}")
+        if native and NativeRecorder is None:
+            raise DeliveryLogError("native=True, but the C recorder is not built (a C compiler at install time)")
         identity = Identity(fleet, device, node, firmware, boot_id or read_boot_id(), source)
         probe = clock_synced if callable(clock_synced) else clock_sync_probe(clock_synced)
         limits = Limits(
@@ -112,6 +127,8 @@ class DeliveryLog:
             self._writer = SegmentWriter(directory, identity, limits, probe, seq_property)
         # emitters extend a lane at the end, only the writer thread takes from the front; lane 0: keyword events
         self._lanes: Lanes = [[] for _ in range(1 + len(LANE_KINDS))]
+        use_native = NativeRecorder is not None if native is None else native
+        self._recorder = NativeRecorder(LANE_WIDTHS) if use_native else None
         self._queue_to_lanes()
         self._interval = flush_interval_s
         self._max_backlog = max_backlog
@@ -152,32 +169,33 @@ class DeliveryLog:
     def received(self, message: Any, publisher_packet_id: int | None) -> None:
         """A message accepted from a publisher (its first event: every message field)."""
         props = message.properties
-        self.record_received((_mono_ns(), message.msg_id, message.publisher, message.topic, message.qos,
-                              message.retain, len(message.payload),
-                              props.user_properties or None if props is not None else None, publisher_packet_id))
+        self.record_received(message.msg_id, message.publisher, message.topic, message.qos, message.retain,
+                             len(message.payload), props.user_properties or None if props is not None else None,
+                             publisher_packet_id)
 
     def committed(self, message: Any) -> None:
         """The message is on disk here (the broker calls record_committed)."""
-        self.record_committed((_mono_ns(), message.msg_id))
+        self.record_committed(message.msg_id)
 
     def routed(self, message: Any, subscriber: str, topic_filter: str, qos: int) -> None:
         """The message matched one subscriber's filter (the broker calls record_routed)."""
-        self.record_routed((_mono_ns(), message.msg_id, subscriber, topic_filter, qos))
+        self.record_routed(message.msg_id, subscriber, topic_filter, qos)
 
     def delivered(self, message: Any, subscriber: str, qos: int, dup: bool, attempt: int) -> None:
         """A PUBLISH of the message went to the subscriber (the broker calls record_delivered)."""
-        self.record_delivered((_mono_ns(), message.msg_id, subscriber, qos, dup, attempt))
+        self.record_delivered(message.msg_id, subscriber, qos, dup, attempt)
 
     def acked(self, message: Any, subscriber: str, qos: int) -> None:
         """The subscriber acknowledged the message: PUBACK / PUBCOMP (the broker calls record_acked)."""
-        self.record_acked((_mono_ns(), message.msg_id, subscriber, qos))
+        self.record_acked(message.msg_id, subscriber, qos)
 
     def _queue_to_lanes(self) -> None:
-        """Point every emitter at its lane's extend (the record_* callables are those extends themselves)."""
-        extends = [lane.extend for lane in self._lanes]
-        self._extend = extends[0]
+        """Point every emitter at its lane: the hot ones at the C recorder's methods (no wrapper) or _lane_recorder."""
+        self._extend = self._lanes[0].extend
+        rec = self._recorder
         (self.record_received, self.record_committed, self.record_routed, self.record_delivered,
-         self.record_acked) = extends[1:]
+         self.record_acked) = [_lane_recorder(lane.extend) for lane in self._lanes[1:]] if rec is None else (
+            rec.received, rec.committed, rec.routed, rec.delivered, rec.acked)
 
     def _stop_queueing(self) -> None:
         """Point every emitter at _discard (after close() or a writer failure)."""
@@ -201,18 +219,19 @@ class DeliveryLog:
         return checked
 
     @staticmethod
-    def _checked_record(kind: str, record: Callable[[tuple[Any, ...]], None]) -> Callable[[tuple[Any, ...]], None]:
-        """A record_<kind> callable that first checks its tuple (clock ns, *values) against the schema (for tests)."""
+    def _checked_record(kind: str, record: Callable[..., None]) -> Callable[..., None]:
+        """A record_<kind> callable that first checks its values against the schema (for tests)."""
         names = LAYOUTS[kind]
 
-        def checked(values: tuple[Any, ...]) -> None:
-            if type(values) is not tuple or len(values) != 1 + len(names) or type(values[0]) is not int:
-                raise ValueError(f"record_{kind}: expects (clock ns, {', '.join(names)}), got {values!r}")
-            for name, value in zip(names, values[1:], strict=True):
+        def checked(*values: Any) -> None:
+            if len(values) != len(names):
+                raise ValueError(f"record_{kind}: expects ({', '.join(n or 'user_properties' for n in names)}), "
+                                 f"got {values!r}")
+            for name, value in zip(names, values, strict=True):
                 problem = field_problem(name, value) if name else _user_properties_problem(value)
                 if problem:
                     raise ValueError(f"record_{kind}: {problem}")
-            record(values)
+            record(*values)
 
         return checked
 
@@ -232,8 +251,8 @@ class DeliveryLog:
 
     # -- writer thread -----------------------------------------------------------------------------------------
 
-    def _drain(self) -> tuple[Lanes, int, bool]:
-        """Take every queued event, oldest first: (lanes batch, wall-minus-monotonic offset, clock stepped).
+    def _drain(self) -> tuple[Lanes, int, bool, bytes]:
+        """Take every queued event: (lanes batch, wall-minus-monotonic offset, clock stepped, C-recorded events).
 
         Events carry CLOCK_MONOTONIC only (one clock read each); their wall time is mono + the offset read here.
         Linux moves the wall clock against the monotonic one only by a step (NTP slews both alike), so while the
@@ -243,7 +262,8 @@ class DeliveryLog:
 
         Two C calls per lane, a copy of the front and its deletion: an emitter extends a lane by a whole event
         atomically under the GIL and only at the end, so each front ends on an event boundary and nothing is lost
-        or taken twice. Beyond `max_backlog` events the oldest are dropped and recorded.
+        or taken twice. The C recorder's take() is one call too, and a record is whole in it or absent.
+        Beyond `max_backlog` events the oldest are dropped and recorded.
         """
         before = _clock_offset()
         lanes: Lanes = []
@@ -251,13 +271,20 @@ class DeliveryLog:
             n = len(lane)
             lanes.append(lane[:n])
             del lane[:n]
+        rec = self._recorder
+        recorded = b""
+        if rec is not None:
+            over = len(rec) + sum(lane_counts(lanes)) > self._max_backlog
+            recorded = rec.take()
+            if over:  # rare (the writer stalled): decoded here, so the cut below sees every event
+                lanes, recorded = with_recorded(lanes, recorded), b""
         offset = _clock_offset()
         stepped = abs(offset - self._offset_before) > STEP_NS
         self._offset_before = before
         lanes, lost = keep_newest(lanes, self._max_backlog)
         if lost:
             self._writer.record_loss("backlog", lost)
-        return lanes, offset, stepped
+        return lanes, offset, stepped, recorded
 
     def _run(self) -> None:
         """Write batches until closed; on a writer failure keep the error for flush/close and stop queueing."""
@@ -288,12 +315,14 @@ class DeliveryLog:
             self._stop_queueing()
             for lane in self._lanes:
                 lane.clear()
+            if self._recorder is not None:
+                self._recorder.clear()
             with self._done:
                 self._error = exc
                 self._completed = 1 << 62
                 self._done.notify_all()
 
-    def _discard(self, item: Iterable[Any]) -> None:
+    def _discard(self, *values: Any) -> None:
         """emit() after close() or a writer failure: count, do not queue (memory stays bounded)."""
         self.discarded += 1
 
@@ -338,7 +367,8 @@ class DeliveryLog:
     @property
     def backlog(self) -> int:
         """Events emitted but not yet handed to the writer."""
-        return sum(lane_counts([list(lane) for lane in self._lanes]))
+        recorded = len(self._recorder) if self._recorder is not None else 0
+        return recorded + sum(lane_counts([list(lane) for lane in self._lanes]))
 
     def __enter__(self) -> DeliveryLog:
         return self

@@ -2,6 +2,7 @@
 
 Frames on the pipes are `<type byte><u32 length><payload>`. Parent -> child: S(etup JSON),
 B(atch: marshal of a flat [kind, wall, mono, fields, ...] list), W (marshal of (clock offset, stepped, lanes batch)),
+X (<u32 n> then W's n bytes, then the C recorder's bytes of more events for lanes 1..5),
 L(oss JSON), F(lush), R(otate), C(lose).
 Child -> parent: A(ck, stats JSON) or E(rror text). The child ignores SIGTERM/SIGINT and exits on EOF after closing
 its segment, so a killed or stopping broker loses nothing it sent.
@@ -19,11 +20,12 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, pack_lanes
+from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, pack_lanes, with_recorded
 from .identity import Identity
 from .writer import DeliveryLogError, Limits, WriterStats
 
 _HEAD = struct.Struct("!cI")
+_SPLIT = struct.Struct("!I")
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 PIPE_BYTES = 1 << 20
 
@@ -65,6 +67,21 @@ class FrameReader:
 def unpack(payload: bytes) -> list[Item]:
     """The events of a packed batch."""
     return items_of(marshal.loads(payload))
+
+
+def pack_recorded(lanes: Lanes, offset: int, stepped: bool, recorded: bytes) -> bytes:
+    """An X frame's payload: the W payload of `lanes`, then the C recorder's bytes."""
+    packed = pack_lanes(lanes, offset, stepped)
+    return _SPLIT.pack(len(packed)) + packed + recorded
+
+
+def unpack_recorded(payload: bytes) -> tuple[Lanes, int, bool]:
+    """An X frame's (lanes batch, offset, stepped), the recorded events decoded into the lanes; ValueError if bad."""
+    if len(payload) < _SPLIT.size:
+        raise ValueError("an X frame shorter than its header")
+    (n,) = _SPLIT.unpack_from(payload)
+    offset, stepped, lanes = marshal.loads(payload[_SPLIT.size : _SPLIT.size + n])
+    return with_recorded(lanes, payload[_SPLIT.size + n :]), offset, stepped
 
 
 class WriterProcess:
@@ -126,6 +143,8 @@ class WriterProcess:
                 self.record_loss("writer_restart", len(marshal.loads(payload)) // ITEM_LEN)
             elif kind == b"W":
                 self.record_loss("writer_restart", sum(lane_counts(marshal.loads(payload)[2])))
+            elif kind == b"X":
+                self.record_loss("writer_restart", sum(lane_counts(unpack_recorded(payload)[0])))
 
     def write(self, items: list[Item]) -> None:
         """Hand a batch to the child."""
@@ -136,9 +155,14 @@ class WriterProcess:
         if flat:
             self._call(b"B", pack(flat))
 
-    def write_lanes(self, lanes: Lanes, offset: int, stepped: bool) -> None:
-        """Hand a lanes batch (DeliveryLog's drain) and its clock offset to the child: one marshal, one pipe write."""
-        if any(lanes):
+    def write_lanes(self, lanes: Lanes, offset: int, stepped: bool, recorded: bytes = b"") -> None:
+        """Hand a lanes batch (DeliveryLog's drain), its clock offset and C-recorded events to the child (one write).
+
+        The recorded bytes go as they are: the child decodes them.
+        """
+        if recorded:
+            self._call(b"X", pack_recorded(lanes, offset, stepped, recorded))
+        elif any(lanes):
             self._call(b"W", pack_lanes(lanes, offset, stepped))
 
     def record_loss(self, reason: str, events: int) -> None:

@@ -34,6 +34,7 @@ from .batch import (
     message_tuple,
     pack,
     pack_lanes,
+    with_recorded,
 )
 from .columnar import ROW_GROUP_EVENTS, ParquetSegment
 from .identity import Identity
@@ -288,13 +289,24 @@ class SegmentWriter:
         else:
             self.write(items_of(flat))
 
-    def write_lanes(self, lanes: Lanes, offset: int, stepped: bool) -> None:
-        """write() for a lanes batch (DeliveryLog's drain, batch.lanes_flat) and its clock offset and step flag."""
-        self.write_lanes_packed(pack_lanes(lanes, offset, stepped))  # columns from what the journal holds
+    def write_lanes(self, lanes: Lanes, offset: int, stepped: bool, recorded: bytes = b"") -> None:
+        """write() for a lanes batch (DeliveryLog's drain, batch.lanes_flat), its clock offset and step flag, and
+        the C recorder's bytes of more events."""
+        lanes = with_recorded(lanes, recorded)
+        try:
+            packed = marshal.dumps((offset, stepped, lanes), 4)
+        except ValueError:  # a non-builtin value: columns from what the journal holds (builtins)
+            self.write_lanes_packed(pack_lanes(lanes, offset, stepped))
+            return
+        self._write_lanes(lanes, packed, offset, stepped)
 
     def write_lanes_packed(self, packed: bytes) -> None:
         """write() for a marshalled (offset, stepped, lanes batch) (in Parquet format journaled as it is, LANES)."""
         offset, stepped, lanes = marshal.loads(packed)
+        self._write_lanes(lanes, packed, offset, stepped)
+
+    def _write_lanes(self, lanes: Lanes, packed: bytes, offset: int, stepped: bool) -> None:
+        """write() for a lanes batch and its marshal (offset, stepped, lanes)."""
         if self._binary:
             lane_counts(lanes)  # a batch that does not parse fails here, before the journal holds it
             self._write_batch(lanes, packed, stepped=stepped, offset=offset)

@@ -39,19 +39,23 @@ SAMPLES = {
 SUFFIXES = {"parquet": ".parquet", "jsonl.gz": ".jsonl.gz"}
 
 
-@pytest.fixture(params=[(True, "parquet"), (False, "parquet"), (True, "jsonl.gz")],
-                ids=["process", "thread", "process-jsonl"])
+@pytest.fixture(params=[(True, "parquet", None), (False, "parquet", None), (True, "jsonl.gz", None),
+                        (True, "parquet", False)],
+                ids=["process", "thread", "process-jsonl", "process-pure"])
 def make_log(tmp_path, request):
     """Open DeliveryLogs in tmp_path/log with a fixed identity, writer in a child process or a thread, and a format.
+
+    The hot events go to the C recorder where it is built (test_recorder fails where it should be and is not),
+    and to the pure-Python lanes in `process-pure`.
 
     `make.suffix` is the closed segments' file suffix for the format under test.
     """
     opened = []
-    process, fmt = request.param
+    process, fmt, native = request.param
 
     def make(directory=None, **kw):
         opts = dict(fleet="fleet-1", device="dev-1", node="n1", firmware="1.2.3", boot_id=BOOT, clock_synced=True,
-                    flush_interval_s=0.05, process=process, format=fmt)
+                    flush_interval_s=0.05, process=process, format=fmt, native=native)
         opts.update(kw)
         log = DeliveryLog(str(directory or tmp_path / "log"), **opts)
         opened.append(log)
