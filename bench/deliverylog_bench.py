@@ -29,6 +29,7 @@ FORMATS = ("parquet", "jsonl.gz")
 
 
 FLUSH_ENV = "BENCH_DLOG_FLUSH_S"  # the drain interval handed to the broker rounds' servers
+RECORDER_ENV = "BENCH_DLOG_RECORDER"  # native | pure: the hot events' recorder of the servers' logs (default: auto)
 
 
 def _segment_bytes(directory: str) -> int:
@@ -164,7 +165,10 @@ async def _serve(listen: str, data_dir: str, log_dir: str, mode: str = "process"
     overrides: dict = {"node": {"data_dir": data_dir}, "listener": {"tcp": listen}}
     if log_dir:
         overrides["deliverylog"] = {"enabled": True, "dir": log_dir, "format": fmt}
-        extra = {"flush_interval_s": float(os.environ[FLUSH_ENV])} if os.environ.get(FLUSH_ENV) else {}
+        extra: dict = {"flush_interval_s": float(os.environ[FLUSH_ENV])} if os.environ.get(FLUSH_ENV) else {}
+        recorder = os.environ.get(RECORDER_ENV, "")
+        if recorder:
+            extra["native"] = recorder == "native"
         node_module.DeliveryLog = functools.partial(  # type: ignore[misc]
             DeliveryLog, process=mode == "process", **extra)
     node = node_module.Node(load(None, overrides))

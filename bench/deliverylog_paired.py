@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from bench.brokers import BROKER_CPU, LOADGEN_CPU, pinned
-from bench.deliverylog_bench import _children, _cpu_seconds, _segment_bytes, _thread_cpu
+from bench.deliverylog_bench import RECORDER_ENV, _children, _cpu_seconds, _segment_bytes, _thread_cpu
 
 TARGET = 0.85  # issue #5: throughput with logging on >= 0.85 x logging off
 
@@ -95,8 +95,15 @@ def median_interval(values: list[float], resamples: int = 2000, seed: int = 5) -
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def run(pairs: int, duration: float, fmt: str, window: int = 64) -> dict[str, Any]:
-    """Load the off and on nodes in `pairs` alternating pairs; the figures as a dict (printed as it goes)."""
+def run(pairs: int, duration: float, fmt: str, window: int = 64, recorder: str = "auto") -> dict[str, Any]:
+    """Load the off and on nodes in `pairs` alternating pairs; the figures as a dict (printed as it goes).
+
+    recorder: the on node's hot-event recorder, auto (the C one where built), native or pure (Python lanes).
+    """
+    if recorder == "auto":
+        os.environ.pop(RECORDER_ENV, None)
+    else:
+        os.environ[RECORDER_ENV] = recorder
     root = tempfile.mkdtemp(prefix="dlog-paired-")
     nodes = {"off": _Node(root, None), "on": _Node(root, fmt)}
     try:
@@ -131,7 +138,7 @@ def run(pairs: int, duration: float, fmt: str, window: int = 64) -> dict[str, An
 
     cpu = {side: (med(side, "cpu_broker", True) * 1e6, med(side, "cpu_tree", True) * 1e6) for side in nodes}
     return {
-        "pairs": pairs, "duration_s": duration, "format": fmt, "window": window,
+        "pairs": pairs, "duration_s": duration, "format": fmt, "window": window, "recorder": recorder,
         "rate_off_median": med("off", "rate"), "rate_on_median": med("on", "rate"),
         "pair_ratio_median": statistics.median(ratios), "pair_ratio_ci95": [low, high],
         "pair_ratio_mean": statistics.fmean(ratios), "pairs_at_or_above_target": sum(x >= TARGET for x in ratios),
@@ -149,14 +156,17 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0, help="seconds of load per half-pair")
     ap.add_argument("--format", choices=["parquet", "jsonl.gz"], default="parquet")
     ap.add_argument("--window", type=int, default=64, help="unacked QoS1 PUBLISHes per publisher (10 publishers)")
+    ap.add_argument("--recorder", choices=["auto", "native", "pure"], default="auto",
+                    help="the on node's hot-event recorder: the C one (where built) or the Python lanes")
     ap.add_argument("--json", default="", metavar="FILE", help="also write the figures here")
     args = ap.parse_args()
     if args.pairs < 1 or args.duration <= 0 or args.window < 1:
         ap.error("--pairs and --window must be at least 1 and --duration positive")
-    res = run(args.pairs, args.duration, args.format, args.window)
+    res = run(args.pairs, args.duration, args.format, args.window, args.recorder)
     low, high = res["pair_ratio_ci95"]
     cpu = res["cpu_us_per_msg"]
-    print(f"[{res['pairs']} pairs of {res['duration_s']:g} s, window {res['window']}, {res['format']}, writer child "
+    print(f"[{res['pairs']} pairs of {res['duration_s']:g} s, window {res['window']}, {res['format']}, "
+          f"{res['recorder']} recorder, writer child "
           f"on the load generator's core] median pair ratio {res['pair_ratio_median']:.3f} "
           f"(95 % interval {low:.3f}-{high:.3f}; mean "
           f"{res['pair_ratio_mean']:.3f}; {res['pairs_at_or_above_target']} of {res['pairs']} pairs >= {TARGET}); "

@@ -8,7 +8,7 @@ APT_PACKAGES=(
   mosquitto mosquitto-clients iproute2 nftables
   mmdebstrap arch-test qemu-user-static binfmt-support qemu-system-arm qemu-system-x86 qemu-utils ipxe-qemu
   mtools dosfstools e2fsprogs fdisk xz-utils zstd
-  libsystemd-dev pkg-config systemd
+  libsystemd-dev pkg-config systemd gcc libc6-dev
   vagrant openjdk-17-jre-headless
 )
 
@@ -28,7 +28,8 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# The stamp covers what pip builds: the metadata, and the C recorder (setup.py's optional extension).
+stamp=.venv/.installed-$(cat pyproject.toml setup.py appliance/deliverylog/_recorder.c | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "setup: installing Python packages" >&2
   .venv/bin/pip install -q --upgrade pip

@@ -28,6 +28,7 @@ typedef struct {
     PyObject_HEAD
     char *buf;
     Py_ssize_t len, cap, events;
+    Py_ssize_t limit, dropped; /* events kept at most (0: no limit) and those refused beyond it since lost() */
     Py_ssize_t widths[KINDS];
 } Recorder;
 
@@ -154,6 +155,10 @@ static PyObject *record(Recorder *r, int kind, PyObject *const *args, Py_ssize_t
         PyErr_Format(PyExc_TypeError, "event kind %d takes %zd values, got %zd", kind, r->widths[kind] - 1, nargs);
         return NULL;
     }
+    if (r->limit && r->events >= r->limit) { /* nobody drains (a stalled writer): memory stays bounded */
+        r->dropped++;
+        Py_RETURN_NONE;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic_ns()'s clock */
     int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -204,6 +209,13 @@ static PyObject *Recorder_clear(PyObject *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Recorder_lost(PyObject *self, PyObject *Py_UNUSED(ignored)) {
+    Recorder *r = (Recorder *)self;
+    Py_ssize_t n = r->dropped;
+    r->dropped = 0;
+    return PyLong_FromSsize_t(n);
+}
+
 static Py_ssize_t Recorder_length(PyObject *self) { return ((Recorder *)self)->events; }
 
 static int read_widths(PyObject *widths, Py_ssize_t out[KINDS]) {
@@ -225,10 +237,16 @@ static int read_widths(PyObject *widths, Py_ssize_t out[KINDS]) {
 }
 
 static int Recorder_init(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"widths", NULL};
+    static char *names[] = {"widths", "limit", NULL};
     PyObject *widths;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:Recorder", names, &widths))
+    Py_ssize_t limit = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|n:Recorder", names, &widths, &limit))
         return -1;
+    if (limit < 0) {
+        PyErr_SetString(PyExc_ValueError, "limit: 0 (none) or a positive number of events");
+        return -1;
+    }
+    ((Recorder *)self)->limit = limit;
     return read_widths(widths, ((Recorder *)self)->widths);
 }
 
@@ -393,6 +411,7 @@ static PyMethodDef Recorder_methods[] = {
     {"acked", (PyCFunction)(void (*)(void))Recorder_acked, METH_FASTCALL, "acked(msg_id, subscriber, qos)"},
     {"take", Recorder_take, METH_NOARGS, "Every event recorded so far, as bytes for decode(); the recorder empties."},
     {"clear", Recorder_clear, METH_NOARGS, "Forget every event recorded so far."},
+    {"lost", Recorder_lost, METH_NOARGS, "Events refused beyond the limit since the last call (and reset it)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -402,7 +421,8 @@ static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "appliance.deliverylog._recorder.Recorder",
     .tp_basicsize = sizeof(Recorder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Records the hot events' tuples into one buffer; len() is the events recorded since the last take().",
+    .tp_doc = "Recorder(widths, limit=0): records the hot events into one buffer; len() is the events held since the "
+              "last take(); beyond `limit` held events new ones are counted (lost()), not kept.",
     .tp_new = PyType_GenericNew,
     .tp_init = Recorder_init,
     .tp_dealloc = Recorder_dealloc,

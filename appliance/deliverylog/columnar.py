@@ -244,7 +244,7 @@ def warm_up() -> None:
     """Make once the Arrow calls a segment makes (first use imports pandas into pyarrow and sets up its kernels).
 
     The writer child runs this right after start-up so that the first batches do not pay for it (a stall of ~0.2 s,
-    seconds at nice 10 on a busy core, while the broker's batches pile up in the pipe).
+    seconds at nice 19 on a busy core, while the broker's batches pile up in the pipe).
     """
     import pyarrow as pa
 

@@ -128,7 +128,8 @@ class DeliveryLog:
         # emitters extend a lane at the end, only the writer thread takes from the front; lane 0: keyword events
         self._lanes: Lanes = [[] for _ in range(1 + len(LANE_KINDS))]
         use_native = NativeRecorder is not None if native is None else native
-        self._recorder = NativeRecorder(LANE_WIDTHS) if use_native else None
+        # at most 4 x the backlog held: beyond it (the drain itself blocked) new hot events are counted, not kept
+        self._recorder = NativeRecorder(LANE_WIDTHS, 4 * max_backlog) if use_native else None
         self._queue_to_lanes()
         self._interval = flush_interval_s
         self._max_backlog = max_backlog
@@ -273,17 +274,18 @@ class DeliveryLog:
             del lane[:n]
         rec = self._recorder
         recorded = b""
+        refused = 0
         if rec is not None:
             over = len(rec) + sum(lane_counts(lanes)) > self._max_backlog
-            recorded = rec.take()
+            recorded, refused = rec.take(), rec.lost()
             if over:  # rare (the writer stalled): decoded here, so the cut below sees every event
                 lanes, recorded = with_recorded(lanes, recorded), b""
         offset = _clock_offset()
         stepped = abs(offset - self._offset_before) > STEP_NS
         self._offset_before = before
         lanes, lost = keep_newest(lanes, self._max_backlog)
-        if lost:
-            self._writer.record_loss("backlog", lost)
+        if lost + refused:
+            self._writer.record_loss("backlog", lost + refused)
         return lanes, offset, stepped, recorded
 
     def _run(self) -> None:

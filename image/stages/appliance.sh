@@ -4,6 +4,8 @@
 
 # The build backend (pyproject.toml requires setuptools>=68; since 70.1 it makes wheels without the wheel package).
 WHEEL_BUILD_REQUIREMENT="setuptools==80.9.0"
+# No setup.py: the wheel is pure Python (py3-none-any). setup.py only adds the optional C recorder of the delivery
+# log, which would be built for this host's architecture, not the image's arm64; the image runs its Python fallback.
 WHEEL_SOURCES=(pyproject.toml README.md "LICEN[CS]E*" appliance cloud_spark provisioning)
 
 stage_appliance() {

@@ -232,3 +232,30 @@ def test_native_and_pure_logs_hold_the_same_records(tmp_path, process):
     got, want = records("native"), records("pure")
     assert len(got) == 300 * 5 + 6 and got == want
     assert got[0]["publisher_seq"] == 12
+
+
+@native
+def test_beyond_its_limit_the_recorder_counts_events_instead_of_keeping_them():
+    rec = NativeRecorder(LANE_WIDTHS, 3)
+    for i in range(5):
+        rec.committed(f"m{i}")
+    assert len(rec) == 3 and rec.lost() == 2 and rec.lost() == 0
+    lanes = with_recorded([[] for _ in LANE_WIDTHS], rec.take())
+    assert lanes[2][1::2] == ["m0", "m1", "m2"]
+    rec.committed("m5")  # room again after the take
+    assert len(rec) == 1 and rec.lost() == 0
+    with pytest.raises(ValueError, match="limit"):
+        NativeRecorder(LANE_WIDTHS, -1)
+
+
+@native
+def test_a_log_whose_drain_stalls_keeps_bounded_memory_and_records_every_lost_event(tmp_path):
+    log = DeliveryLog(str(tmp_path / "log"), fleet="f", device="d", node="n1", firmware="1", boot_id=BOOT,
+                      clock_synced=True, native=True, max_backlog=5, flush_interval_s=30.0)
+    for i in range(30):  # no drain in between: the recorder keeps 4 x 5, counts 10
+        log.record_committed(f"m{i}")
+    assert log.backlog == 20
+    log.close()  # the drain keeps the newest 5 of the 20
+    records = read_segments(str(tmp_path / "log"), fill_nulls=False)
+    assert records[0]["kind"] == "log_evicted" and records[0]["reason"] == "backlog events=25"
+    assert [r["msg_id"] for r in records[1:]] == [f"m{i}" for i in range(15, 20)]
