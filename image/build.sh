@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
 done
 
 [ "$(id -u)" = 0 ] || die "must run as root (mmdebstrap, chroot, file ownership in the root tree)"
-for tool in mmdebstrap sfdisk mkfs.vfat mcopy mkfs.ext4 e2fsck debugfs fsck.vfat unshare dpkg-query python3; do
+for tool in mmdebstrap aarch64-linux-gnu-gcc sfdisk mkfs.vfat mcopy mkfs.ext4 e2fsck debugfs fsck.vfat unshare dpkg-query python3; do
   command -v "$tool" >/dev/null || die "missing $tool: run scripts/setup.sh"
 done
 mkdir -p "$OUT" "$CACHE"
@@ -70,7 +70,7 @@ ROOT=$WORK/root
 : >"$OUT/timings.tsv"
 log "image build: out=$OUT cache=$CACHE SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH"
 
-for stage in rootfs wheels appliance base configure disk; do
+for stage in rootfs wheels appliance recorder base configure disk; do
   # shellcheck source=/dev/null
   . "$IMAGE_DIR/stages/$stage.sh"
 done
@@ -78,6 +78,7 @@ done
 stage_rootfs
 stage_wheels
 stage_appliance
+stage_recorder
 stage_base
 stage_configure
 stage_disk

@@ -73,8 +73,13 @@ def inside(path: Path, *bases: Path) -> bool:
     return any(norm.startswith(os.path.normpath(b) + os.sep) for b in bases)
 
 
-def install(root: Path, prefix: str, wheel: Path, compile_pyc: bool) -> list[Path]:
-    """Unpack WHEEL into the venv, write its scripts and RECORD, byte-compile with this interpreter; .py files."""
+def install(root: Path, prefix: str, wheel: Path, compile_pyc: bool,
+            extra: list[tuple[Path, str]] | None = None) -> list[Path]:
+    """Unpack WHEEL into the venv, write its scripts and RECORD, byte-compile with this interpreter; .py files.
+
+    `extra`: (file, path under site-packages) pairs installed with the wheel and in its RECORD (the cross-built
+    extension modules of an otherwise pure wheel).
+    """
     site, bindir = venv_paths(root, prefix)
     python = f"{prefix.rstrip('/')}/bin/python3"
     installed: list[Path] = []
@@ -88,6 +93,11 @@ def install(root: Path, prefix: str, wheel: Path, compile_pyc: bool) -> list[Pat
         data_dir = dist_info.removesuffix(".dist-info") + ".data"
         if "Root-Is-Purelib: true" not in zf.read(f"{dist_info}/WHEEL").decode():
             raise WheelError(f"{wheel.name} is not a pure-Python wheel")
+        for _, rel in extra or []:  # checked before anything is written
+            parent = rel.rpartition("/")[0]
+            if (not parent or ".." in rel.split("/") or rel in names
+                    or not any(n.startswith(parent + "/") for n in names)):
+                raise WheelError(f"--add {rel}: not a new file in a package directory of {wheel.name}")
         if any((site / n.split("/")[0]).exists() for n in names if "/" in n and not n.startswith(data_dir)):
             raise WheelError(f"{wheel.name}: a package of it is already installed (remove it first)")
         for name in names:
@@ -113,6 +123,10 @@ def install(root: Path, prefix: str, wheel: Path, compile_pyc: bool) -> list[Pat
             installed.append(dest)
             if dest.suffix == ".py" and inside(dest, site):
                 sources.append(dest)
+        for src, rel in extra or []:
+            dest = site / rel
+            write_file(dest, src.read_bytes(), 0o644)
+            installed.append(dest)
         entry_points = configparser.ConfigParser(delimiters=("=",))
         entry_points.optionxform = str  # type: ignore[assignment,method-assign]
         if f"{dist_info}/entry_points.txt" in names:
@@ -223,12 +237,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--wheel", type=Path, help="install: the wheel")
     p.add_argument("--name", help="remove / same-bytecode: the project name")
     p.add_argument("--no-compile", action="store_true", help="install: leave byte-compiling to the image's python")
+    p.add_argument("--add", nargs=2, action="append", default=[], metavar=("FILE", "PATH"),
+                   help="install: also FILE at PATH under site-packages, in the wheel's RECORD")
     args = p.parse_args(argv)
     try:
         if args.action == "install":
             if args.wheel is None:
                 p.error("install needs --wheel")
-            for src in install(args.root, args.prefix, args.wheel, not args.no_compile):
+            extra = [(Path(src), rel) for src, rel in args.add]
+            for src in install(args.root, args.prefix, args.wheel, not args.no_compile, extra):
                 print(src.relative_to(args.root))
         elif args.action == "remove":
             print(f"removed {remove(args.root, args.prefix, args.name)} files of {args.name}", file=sys.stderr)

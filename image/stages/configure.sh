@@ -17,14 +17,16 @@ stage_configure() {
     [ -n "$site" ] || die "no site-packages under $APPLIANCE_PREFIX in the base"
     mkdir -p "$stage/$site" "$stage$APPLIANCE_PREFIX/bin"
     "$HOST_PYTHON" "$IMAGE_DIR/install_wheel.py" install --root "$stage" --prefix "$APPLIANCE_PREFIX" \
-      --wheel "$APPLIANCE_WHEEL" >/dev/null || die "installing $(basename "$APPLIANCE_WHEEL") failed"
+      --wheel "$APPLIANCE_WHEEL" --add "$RECORDER_PATH" "appliance/deliverylog/$RECORDER_SO" >/dev/null ||
+      die "installing $(basename "$APPLIANCE_WHEEL") failed"
   else
     # The host's python does not compile like the image's: install into the whole base tree and byte-compile in
     # the arm64 chroot (slower: the tree is unpacked and python runs under qemu-user).
     log "byte-compiling the appliance with the image's python under qemu-user (host python differs)"
     tar -xpf "$BASE/root.tar" -C "$stage" --numeric-owner --xattrs --xattrs-include='*'
     "$HOST_PYTHON" "$IMAGE_DIR/install_wheel.py" install --no-compile --root "$stage" --prefix "$APPLIANCE_PREFIX" \
-      --wheel "$APPLIANCE_WHEEL" >"$WORK/appliance-sources" || die "installing $(basename "$APPLIANCE_WHEEL") failed"
+      --wheel "$APPLIANCE_WHEEL" --add "$RECORDER_PATH" "appliance/deliverylog/$RECORDER_SO" \
+      >"$WORK/appliance-sources" || die "installing $(basename "$APPLIANCE_WHEEL") failed"
     sed 's:^:/:' "$WORK/appliance-sources" | tr '\n' '\0' |
       in_chroot "$stage" xargs -0 "$APPLIANCE_PREFIX/bin/python" -m py_compile ||
       die "byte-compiling the appliance in the chroot failed"

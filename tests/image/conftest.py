@@ -18,7 +18,7 @@ BUILD = REPO / "image" / "build.sh"
 # The tests build into their own directory so a developer's image/out stays untouched; the stage cache is shared.
 OUT = REPO / "image" / "out" / "pytest"
 TOOLS = ("mmdebstrap", "qemu-aarch64-static", "qemu-system-aarch64", "sfdisk", "mcopy", "mkfs.vfat", "fsck.vfat",
-         "mkfs.ext4", "e2fsck", "debugfs", "xz", "unshare")
+         "mkfs.ext4", "e2fsck", "debugfs", "xz", "unshare", "aarch64-linux-gnu-gcc")
 # The stage cache lives on the machine, outside any clone, so a CI run in a fresh clone reuses the rootfs and
 # wheelhouse that earlier builds with the same input hashes produced (a changed input still rebuilds its stage).
 CACHE = Path(os.environ.get("IMAGE_TEST_CACHE", "/var/cache/appliance-image"))

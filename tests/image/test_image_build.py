@@ -119,8 +119,16 @@ def test_root_file_system_is_the_recorded_root_tree(built_image: Image, root_tre
 
 
 def test_appliance_importable_by_the_images_python_under_qemu_user(root_tree: Path) -> None:
-    """The image's own arm64 python3 (through binfmt/qemu-user) imports the appliance and its native deps."""
+    """The image's own arm64 python3 (through binfmt/qemu-user) imports the appliance and its native deps.
+
+    The delivery log's C recorder (cross-compiled by the recorder stage) loads and records an event there.
+    """
     script = ("import platform, appliance, appliance.cli, zeroconf, uvloop, cryptography, sqlite_utils, systemd.daemon;"
+              "from appliance.deliverylog.batch import LANE_WIDTHS, NativeRecorder, with_recorded;"
+              "assert NativeRecorder is not None, 'no C recorder in the image';"
+              "r = NativeRecorder(LANE_WIDTHS); r.routed('n1-1', 'sub', 'a/#', 1);"
+              "lanes = with_recorded([[] for _ in LANE_WIDTHS], r.take());"
+              "assert lanes[3][1:] == ['n1-1', 'sub', 'a/#', 1] and lanes[3][0] > 0, lanes;"
               "print(platform.machine(), zeroconf.__version__, uvloop.__version__)")
     proc = run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec",
                 'mount --rbind /dev "$1/dev"; mount -t proc proc "$1/proc"; shift; exec chroot "$@"',

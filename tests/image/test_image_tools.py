@@ -123,7 +123,16 @@ def test_host_wheel_install_writes_record_scripts_and_checked_hash_bytecode_and_
     site.mkdir(parents=True)
     (root / "opt" / "app" / "bin").mkdir()
     wheel = build_wheel(tmp_path)
-    tool("install_wheel", "install", "--root", root, "--prefix", "/opt/app", "--wheel", wheel)
+    native = tmp_path / "_native.so"  # a cross-built extension module added to the pure wheel (the recorder stage's)
+    native.write_bytes(b"\x7fELF not really")
+    for bad in ("demo_pkg/__init__.py", "nowhere/_native.so", "../_native.so"):
+        refused = tool("install_wheel", "install", "--root", root, "--prefix", "/opt/app", "--wheel", wheel,
+                       "--add", native, bad, check=False)
+        assert refused.returncode == 1 and "--add" in refused.stderr, bad
+        assert not any(site.iterdir()), "a refused --add installs nothing"
+    tool("install_wheel", "install", "--root", root, "--prefix", "/opt/app", "--wheel", wheel,
+         "--add", native, "demo_pkg/_native.so")
+    assert (site / "demo_pkg" / "_native.so").read_bytes() == native.read_bytes()
     script = (root / "opt" / "app" / "bin" / "demo").read_text()
     assert script.startswith("#!/opt/app/bin/python3\n") and "from demo_pkg import main" in script
     assert os.stat(root / "opt" / "app" / "bin" / "demo").st_mode & 0o777 == 0o755
@@ -136,6 +145,7 @@ def test_host_wheel_install_writes_record_scripts_and_checked_hash_bytecode_and_
     digest = base64.urlsafe_b64encode(hashlib.sha256(source.read_bytes()).digest()).rstrip(b"=").decode()
     assert rows["demo_pkg/__init__.py"][1] == f"sha256={digest}"
     assert "../../../bin/demo" in rows and "demo_pkg-1.0.dist-info/RECORD" in rows
+    assert rows["demo_pkg/_native.so"][2] == str(len(native.read_bytes()))
     again = tool("install_wheel", "install", "--root", root, "--prefix", "/opt/app", "--wheel", wheel, check=False)
     assert again.returncode == 1 and "already installed" in again.stderr
     tool("install_wheel", "remove", "--root", root, "--prefix", "/opt/app", "--name", "demo-pkg")
