@@ -8,7 +8,7 @@ APT_PACKAGES=(
   mosquitto mosquitto-clients iproute2 nftables
   mmdebstrap arch-test qemu-user-static binfmt-support qemu-system-arm qemu-system-x86 qemu-utils ipxe-qemu
   mtools dosfstools e2fsprogs fdisk xz-utils zstd
-  libsystemd-dev pkg-config systemd gcc libc6-dev gcc-aarch64-linux-gnu
+  libsystemd-dev pkg-config systemd gcc libc6-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross
   vagrant openjdk-17-jre-headless
 )
 

@@ -25,9 +25,10 @@ stage_recorder() {
   fi
   mkdir -p "$OUT/recorder"
   RECORDER_PATH=$OUT/recorder/$RECORDER_SO
-  # No -g: no build paths in the file, so two builds give the same bytes.
+  # No -g: no build paths in the file, so two builds give the same bytes. The extracted /usr/include comes after the
+  # cross compiler's own (its pyconfig.h names <aarch64-linux-gnu/python3.11/pyconfig.h>; libc stays the toolchain's).
   "$RECORDER_CC" -shared -fPIC -O2 -fwrapv -fno-strict-aliasing -Wall -Wextra -Wno-missing-field-initializers \
-    -Werror -I "$headers/usr/include/python3.11" -I "$headers/usr/include/aarch64-linux-gnu/python3.11" \
+    -Werror -I "$headers/usr/include/python3.11" -idirafter "$headers/usr/include" \
     "$REPO/appliance/deliverylog/_recorder.c" -o "$RECORDER_PATH" || die "cross-compiling the recorder failed"
   stage_end "$RECORDER_SO, $(stat -c %s "$RECORDER_PATH") bytes"
 }
