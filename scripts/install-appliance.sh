@@ -53,13 +53,14 @@ for unit in appliance.service appliance-upload.service appliance-upload.timer ap
   [ -f "$units_src/$unit" ] || die "missing $units_src/$unit"
 done
 
-# 1. Debian packages: Python, venv, and the dependencies Debian ships (systemd-python needs libsystemd to build).
+# 1. Debian packages: Python, venv, and the dependencies Debian ships (systemd-python needs libsystemd to build);
+#    a C compiler and Python's headers so that a --source install builds the delivery log's C recorder.
 if [ "$use_apt" = 1 ]; then
   say "apt packages"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends python3 python3-venv python3-systemd python3-wsproto \
-    python3-cffi ca-certificates systemd >/dev/null
+    python3-cffi ca-certificates systemd gcc libc6-dev python3-dev >/dev/null
 fi
 command -v python3 >/dev/null || die "python3 is missing (use --apt, or the image's package list)"
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "python3 >= 3.11 needed"
@@ -82,6 +83,10 @@ say "appliance[$extras] from $target${wheelhouse:+ (wheelhouse $wheelhouse)}"
 "$prefix/bin/pip" install $pip_opts --no-deps --force-reinstall "$target"
 "$prefix/bin/python" -c 'import appliance, provisioning.firstboot, appliance.server.systemd' ||
   die "the installed appliance does not import"
+if ! "$prefix/bin/python" -c 'from appliance.deliverylog.batch import NativeRecorder; assert NativeRecorder' 2>/dev/null
+then  # the image adds it after this script (its recorder stage); a --source install without gcc lands here
+  say "note: no C recorder built: the delivery log uses its slower Python lanes"
+fi
 for cmd in appliance appliance-provision; do
   ln -sf "$prefix/bin/$cmd" "/usr/local/bin/$cmd"
 done
