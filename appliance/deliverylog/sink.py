@@ -68,7 +68,7 @@ class DeliveryLog:
     thread drains the lanes every `flush_interval_s` into the writer, a child process unless process=False.
     Records reach the file at least every `sync_every_s`, and at once on flush().
     Fields are the schema's nullable ones, plus `message=` (a broker Message, expanded on the writer thread).
-    With `native` (the default where the C recorder is built, batch.NativeRecorder) the hot kinds' tuples are
+    With `native` (the default where the C recorder is built, batch.NativeRecorder) the hot kinds' values are
     encoded into one buffer by C code instead, so the drain hands bytes on without marshalling per value.
     Closed segments are Parquet (`format="parquet"`, the open one journaled as checksummed binary batches) or gzip
     JSON Lines (`format="jsonl.gz"`, the open one the same gzip stream, at `gzip_level`, default 6).
