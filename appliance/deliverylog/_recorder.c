@@ -5,7 +5,7 @@
  * buffer as bytes in one call (no marshal of a Python object per value) and decode() turns it back into the lanes
  * batch that batch.py describes: lane k (1..5) holds, per event, its clock and values inline.
  *
- * Record:  <kind u8><values u8><value>...
+ * Record:  <kind u8><values u8>'q' <clock i64><value>...  (values counts the clock; kind is its lane, 1..5)
  * Value:   'N' None | 'T' True | 'F' False | 'b' u8 | 'h' u16 | 'q' i64 | 's' <u32 n><n UTF-8 bytes>
  *          | 'L' list / 'U' tuple <u16 n><value>... (nested at most 4 deep) | 'm' <u32 n><marshal v4 bytes>
  * Integers are in the machine's byte order: a buffer never leaves the machine that wrote it undecoded.

@@ -22,7 +22,7 @@ from typing import Any
 
 from .batch import ITEM_LEN, Item, Lanes, items_of, lane_counts, pack, pack_lanes, with_recorded
 from .identity import Identity
-from .writer import DeliveryLogError, Limits, WriterStats
+from .limits import DeliveryLogError, Limits, WriterStats
 
 _HEAD = struct.Struct("!cI")
 _SPLIT = struct.Struct("!I")
