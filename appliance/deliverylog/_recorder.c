@@ -382,12 +382,10 @@ static PyObject *decode(PyObject *Py_UNUSED(module), PyObject *args) {
         }
         rd.p += 2;
         PyObject *lane = PyList_GET_ITEM(lanes, kind);
-        Py_ssize_t at = PyList_GET_SIZE(lane);
         for (int i = 0; i < n; i++) {
             PyObject *v = get_value(&rd, start, 0);
-            if (v == NULL || PyList_Append(lane, v) < 0) {
+            if (v == NULL || PyList_Append(lane, v) < 0) { /* the whole batch is dropped: no partial event escapes */
                 Py_XDECREF(v);
-                PyList_SetSlice(lane, at, PY_SSIZE_T_MAX, NULL);
                 goto fail;
             }
             Py_DECREF(v);
